@@ -1,0 +1,12 @@
+// Each subcommand lives in its own file and adds itself to the CLI here.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace tern::tools {
+
+void add_info_command(CLI::App& app);
+void add_quantize_command(CLI::App& app);
+void add_synth_command(CLI::App& app);
+
+}  // namespace tern::tools
