@@ -3,7 +3,11 @@
 
 #include <CLI/CLI.hpp>
 
+#include <string>
+
 namespace tern::tools {
+
+std::string version_text();
 
 void add_info_command(CLI::App& app);
 void add_quantize_command(CLI::App& app);

@@ -6,7 +6,7 @@
 
 int main(int argc, char** argv) {
     CLI::App app{"tern: runs GGUF language models (llama.cpp's files, faster on NVIDIA Hopper)"};
-    app.set_version_flag("--version", "tern " TERN_VERSION);
+    app.set_version_flag("--version", tern::tools::version_text);
     app.require_subcommand(1);
     tern::tools::add_info_command(app);
     tern::tools::add_quantize_command(app);
