@@ -90,9 +90,9 @@ struct TensorInfo {
 // metadata (from the first split) are presented as one.
 class File {
 public:
-    // Opens `path`. If it is named like NAME-00001-of-0000N.gguf, the other
-    // splits are opened too (and checked: split.count, split.no, no duplicate
-    // tensor names).
+    // Opens `path`. If it is named like NAME-00001-of-0000N.gguf (or names
+    // any other part), all N splits are opened (and checked: split.count,
+    // split.no, split.tensors.count, no duplicate tensor names).
     static Result<std::unique_ptr<File>> open(const std::string& path);
     // Parses a GGUF image held in memory (fuzzing, tests). The bytes must
     // outlive the File.
@@ -152,12 +152,20 @@ public:
     // is unknown, the row length is not a whole number of blocks, or the name
     // is taken. n_bytes is computed from type and shape.
     Status add_tensor(std::string name, TensorType type, std::vector<int64_t> ne);
+    // Declares a tensor together with its bytes (exactly n_bytes), which are
+    // kept and written when its turn comes (small files, tests). Streamed and
+    // held tensors may be mixed: write_tensor_data() feeds the next tensor
+    // that has no held bytes.
+    Status add_tensor(std::string name, TensorType type, std::vector<int64_t> ne,
+                      std::vector<uint8_t> data);
 
     // Writes header, metadata and tensor infos, then waits for tensor data.
     Status begin(const std::string& path);
     // Data for the next declared tensor, in declaration order; exactly its n_bytes.
     Status write_tensor_data(const void* data, size_t n_bytes);
-    // Checks every tensor got its data, pads and closes the file.
+    // Checks every tensor got its data, pads and closes the file. A Writer
+    // destroyed after begin() without a successful finish() deletes the
+    // incomplete file.
     Status finish();
 
     const std::vector<TensorInfo>& tensors() const { return tensors_; }
@@ -167,9 +175,11 @@ public:
     ~Writer();
 
 private:
+    Status write_held();  // writes held tensors whose turn has come
     uint32_t alignment_;
     std::vector<KeyValue> kv_;
     std::vector<TensorInfo> tensors_;
+    std::vector<std::vector<uint8_t>> held_data_;  // per tensor; empty when streamed
     std::string path_;
     struct Out;
     std::unique_ptr<Out> out_;

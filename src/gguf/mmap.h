@@ -1,0 +1,36 @@
+// A read-only, private memory mapping of a whole file. The GGUF reader keeps
+// tensor data in place through it, so weights are paged in on demand instead
+// of being copied at load time.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "base/result.h"
+
+namespace tern::gguf {
+
+class MappedFile {
+public:
+    MappedFile() = default;
+    ~MappedFile();
+    MappedFile(MappedFile&& other) noexcept;
+    MappedFile& operator=(MappedFile&& other) noexcept;
+    MappedFile(const MappedFile&) = delete;
+    MappedFile& operator=(const MappedFile&) = delete;
+
+    // Maps `path` with PROT_READ and MAP_PRIVATE. An empty file yields an
+    // empty mapping (data() == nullptr, size() == 0), not an error.
+    static Result<MappedFile> open(const std::string& path);
+
+    const uint8_t* data() const { return data_; }
+    size_t size() const { return size_; }
+
+private:
+    void release();
+    const uint8_t* data_ = nullptr;
+    size_t size_ = 0;
+};
+
+}  // namespace tern::gguf
