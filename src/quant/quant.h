@@ -23,4 +23,13 @@ Status dequantize_row(TensorType type, const void* src, float* dst, int64_t n);
 // Reference quantizer: writes row_bytes(type, n) bytes.
 Status quantize_row(TensorType type, const float* src, void* dst, int64_t n);
 
+// n_rows rows of n_per_row elements each, rows packed back to back (row r of
+// the blocks at r * row_bytes(type, n_per_row)). Same checks as the one-row
+// calls; rows are independent, so callers may split a tensor across threads
+// by row ranges.
+Status dequantize_rows(TensorType type, const void* src, float* dst, int64_t n_rows,
+                       int64_t n_per_row);
+Status quantize_rows(TensorType type, const float* src, void* dst, int64_t n_rows,
+                     int64_t n_per_row);
+
 }  // namespace tern::quant
