@@ -1,0 +1,117 @@
+// The operation interface between a model's forward pass and the hardware.
+// A forward pass is written once against these calls; a backend (cpu, cuda)
+// decides where memory lives and how weights are stored ("registration"), and
+// never knows which model it runs.
+//
+// Conventions: activations are f32 matrices, row-major, one row per token.
+// A weight matrix W has `rows` outputs and `cols` inputs (GGUF ne[1], ne[0]);
+// matmul computes y[t][r] = sum_k W[r][k] * x[t][k]. All calls on one backend
+// are issued from one thread, in order.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/result.h"
+#include "gguf/gguf.h"
+
+namespace tern::backend {
+
+// Activations: rows x cols f32, in the backend's memory.
+struct Tensor {
+    float* data = nullptr;
+    int64_t rows = 0;
+    int64_t cols = 0;
+    float* row(int64_t r) const { return data + r * cols; }
+};
+
+// A registered weight: its GGUF type and shape, and the backend's own handle.
+struct Weight {
+    std::string name;
+    TensorType type = TensorType::F32;
+    int64_t cols = 0;         // ne[0], the input dimension (1-D tensors: the length)
+    int64_t rows = 1;         // ne[1] (product of ne[1..3])
+    const void* host = nullptr;  // GGUF bytes in the mapping
+    size_t row_bytes = 0;
+    void* impl = nullptr;     // backend-owned (device copy, repacked layout, ...)
+    explicit operator bool() const { return host != nullptr; }
+};
+
+// Rotary embedding parameters of a model.
+struct RopeParams {
+    int n_dims = 0;              // rotated dimensions per head (<= head_dim)
+    bool neox = false;           // pairs (i, i + n_dims/2) instead of (2i, 2i+1)
+    float freq_base = 10000.0f;
+    float freq_scale = 1.0f;     // linear scaling: position multiplied by this
+    const Weight* freq_factors = nullptr;  // f32 [n_dims/2] divisors of each frequency (llama3), or null
+};
+
+// Which sequence (KV slot) and position each token of a batch belongs to.
+struct BatchLayout {
+    std::vector<int32_t> slot;  // KV-cache slot per token
+    std::vector<int32_t> pos;   // position within its sequence
+};
+
+// Per-layer K and V for every slot and position, f16.
+struct KvCacheShape {
+    int n_layers = 0;
+    int n_slots = 0;
+    int n_ctx = 0;               // positions per slot
+    int n_kv_heads = 0;
+    int head_dim = 0;
+    size_t bytes() const {
+        return size_t(2) * n_layers * n_slots * n_ctx * n_kv_heads * head_dim * sizeof(uint16_t);
+    }
+};
+
+class Backend {
+public:
+    virtual ~Backend() = default;
+    virtual std::string name() const = 0;
+
+    // --- memory and registration ---
+    virtual Result<Weight> register_weight(const gguf::TensorInfo& t) = 0;
+    virtual Result<Tensor> alloc(int64_t rows, int64_t cols) = 0;   // freed with the backend
+    virtual Status init_kv_cache(const KvCacheShape& shape) = 0;
+    virtual void clear_kv_slot(int slot) = 0;
+    virtual void upload(const float* host, Tensor dst) = 0;   // dst.rows*dst.cols floats
+    virtual void download(Tensor src, float* host) = 0;
+
+    // --- per-batch state used by rope / kv_store / attention ---
+    virtual void set_batch(const BatchLayout& layout) = 0;
+
+    // --- operations ---
+    // out[t] = table row tokens[t], dequantized.
+    virtual void embed(const Weight& table, const std::vector<int32_t>& tokens, Tensor out) = 0;
+    // out[t] = x[t] / rms(x[t]) * w   (w may be empty: no scale)
+    virtual void rms_norm(Tensor x, const Weight& w, float eps, Tensor out) = 0;
+    // y = x W^T (+ bias if given). x.cols == W.cols, y.cols == W.rows.
+    virtual void matmul(const Weight& w, Tensor x, Tensor y, const Weight* bias = nullptr) = 0;
+    // Rotates the first rope.n_dims dims of each head of x (rows: tokens, cols: n_heads*head_dim)
+    // by the positions of the current batch.
+    virtual void rope(Tensor x, int n_heads, int head_dim, const RopeParams& rope) = 0;
+    // Writes K and V rows of the current batch into the cache at (slot, pos).
+    virtual void kv_store(int layer, Tensor k, Tensor v) = 0;
+    // out[t] = softmax(q[t] K^T * scale) V over positions 0..pos[t] of slot[t], per head,
+    // with grouped-query heads (n_heads / n_kv_heads query heads share a KV head).
+    virtual void attention(int layer, Tensor q, int n_heads, float scale, Tensor out) = 0;
+    // gate = silu(gate) * up
+    virtual void swiglu(Tensor gate, Tensor up) = 0;
+    // x += y
+    virtual void add(Tensor x, Tensor y) = 0;
+    // out[i] = x[rows[i]]
+    virtual void gather_rows(Tensor x, const std::vector<int32_t>& rows, Tensor out) = 0;
+    // Waits until all issued work is done.
+    virtual void synchronize() = 0;
+    // The first error any operation hit since the last call (operations are
+    // issued without a status each, as a GPU queue would run them), then clears it.
+    virtual Status take_error() = 0;
+};
+
+// The CPU backend; threads <= 0 means all cores.
+std::unique_ptr<Backend> make_cpu_backend(int threads = 0);
+
+}  // namespace tern::backend

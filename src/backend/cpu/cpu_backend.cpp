@@ -1,0 +1,185 @@
+// The CPU backend: weights used in place from the GGUF mapping, activations in
+// host memory, OpenMP threads over independent rows, an f16 KV cache laid out
+// [layer][slot][pos][kv_head][head_dim].
+#include <omp.h>
+
+#include <cstring>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cpu/matmul.h"
+#include "backend/cpu/ops.h"
+#include "base/fp16.h"
+#include "quant/quant.h"
+
+namespace tern::backend {
+namespace {
+
+class CpuBackend final : public Backend {
+public:
+    explicit CpuBackend(int threads) : threads_(threads > 0 ? threads : omp_get_num_procs()) {
+        omp_set_num_threads(threads_);
+    }
+
+    std::string name() const override { return "cpu"; }
+
+    Result<Weight> register_weight(const gguf::TensorInfo& t) override {
+        if (!tensor_type_supported(t.type_id))
+            return Error{"tensor '" + t.name + "': unsupported tensor type " + tensor_type_name(t.type_id)};
+        Weight w;
+        w.name = t.name;
+        w.type = t.type();
+        w.cols = t.ne[0];
+        w.rows = t.n_elements / t.ne[0];
+        w.host = t.data;
+        w.row_bytes = quant::row_bytes(w.type, w.cols);
+        if (w.row_bytes == 0)
+            return Error{"tensor '" + t.name + "': row length " + std::to_string(w.cols) +
+                         " is not a whole number of " + tensor_type_name(t.type_id) + " blocks"};
+        if (w.type != TensorType::F32 && w.rows == 1) {
+            // 1-D parameters (norm scales, biases) are used as f32 by every op.
+            auto& f = small_f32_.emplace_back(size_t(w.cols));
+            if (Status s = quant::dequantize_row(w.type, t.data, f.data(), w.cols); !s.ok())
+                return Error{"tensor '" + t.name + "': " + s.message()};
+            w.impl = f.data();
+        }
+        return w;
+    }
+
+    Result<Tensor> alloc(int64_t rows, int64_t cols) override {
+        if (rows < 1 || cols < 1 || rows > (int64_t(1) << 40) / cols)
+            return Error{"cpu alloc: bad shape " + std::to_string(rows) + " x " + std::to_string(cols)};
+        try {
+            auto& buf = buffers_.emplace_back(size_t(rows * cols), 0.0f);
+            return Tensor{buf.data(), rows, cols};
+        } catch (const std::bad_alloc&) {
+            return Error{"cpu alloc: out of memory for " + std::to_string(rows * cols * 4) + " bytes"};
+        }
+    }
+
+    Status init_kv_cache(const KvCacheShape& s) override {
+        if (s.n_layers < 1 || s.n_slots < 1 || s.n_ctx < 1 || s.n_kv_heads < 1 || s.head_dim < 1)
+            return Error{"kv cache: every dimension must be positive"};
+        try {
+            kv_shape_ = s;
+            const size_t half = s.bytes() / 2 / sizeof(uint16_t);
+            k_.assign(half, 0);
+            v_.assign(half, 0);
+        } catch (const std::bad_alloc&) {
+            return Error{"kv cache: out of memory for " + std::to_string(s.bytes()) + " bytes"};
+        }
+        return {};
+    }
+
+    void clear_kv_slot(int) override {}  // positions are overwritten before they are read
+
+    void upload(const float* host, Tensor dst) override {
+        std::memcpy(dst.data, host, size_t(dst.rows * dst.cols) * sizeof(float));
+    }
+    void download(Tensor src, float* host) override {
+        std::memcpy(host, src.data, size_t(src.rows * src.cols) * sizeof(float));
+    }
+
+    void set_batch(const BatchLayout& layout) override { layout_ = layout; }
+
+    void embed(const Weight& table, const std::vector<int32_t>& tokens, Tensor out) override {
+        const auto* base = static_cast<const uint8_t*>(table.host);
+        for (int64_t t = 0; t < int64_t(tokens.size()); ++t) {
+            Status s = quant::dequantize_row(table.type, base + size_t(tokens[size_t(t)]) * table.row_bytes,
+                                             out.row(t), table.cols);
+            if (!s.ok()) note(s);
+        }
+    }
+
+    void rms_norm(Tensor x, const Weight& w, float eps, Tensor out) override {
+        cpu::rms_norm(x.data, w ? f32(w) : nullptr, eps, out.data, x.rows, x.cols);
+    }
+
+    void matmul(const Weight& w, Tensor x, Tensor y, const Weight* bias) override {
+        if (Status s = cpu::matmul(w, x.data, x.rows, y.data); !s.ok()) note(s);
+        if (bias) {
+            const float* b = f32(*bias);
+            for (int64_t t = 0; t < y.rows; ++t)
+                for (int64_t i = 0; i < y.cols; ++i) y.row(t)[i] += b[i];
+        }
+    }
+
+    void rope(Tensor x, int n_heads, int head_dim, const RopeParams& rope) override {
+        cpu::rope(x.data, x.rows, n_heads, head_dim, layout_.pos.data(), rope,
+                  rope.freq_factors ? f32(*rope.freq_factors) : nullptr);
+    }
+
+    void kv_store(int layer, Tensor k, Tensor v) override {
+        const int64_t width = int64_t(kv_shape_.n_kv_heads) * kv_shape_.head_dim;
+#pragma omp parallel for schedule(static)
+        for (int64_t t = 0; t < k.rows; ++t) {
+            const size_t at = kv_offset(layer, layout_.slot[size_t(t)], layout_.pos[size_t(t)]);
+            for (int64_t i = 0; i < width; ++i) {
+                k_[at + size_t(i)] = fp32_to_fp16(k.row(t)[i]);
+                v_[at + size_t(i)] = fp32_to_fp16(v.row(t)[i]);
+            }
+        }
+    }
+
+    void attention(int layer, Tensor q, int n_heads, float scale, Tensor out) override {
+#pragma omp parallel for schedule(dynamic, 1)
+        for (int64_t t = 0; t < q.rows; ++t) {
+            const size_t at = kv_offset(layer, layout_.slot[size_t(t)], 0);
+            cpu::attention_row(q.row(t), k_.data() + at, v_.data() + at, layout_.pos[size_t(t)] + 1, n_heads,
+                               kv_shape_.n_kv_heads, kv_shape_.head_dim, scale, out.row(t));
+        }
+    }
+
+    void swiglu(Tensor gate, Tensor up) override { cpu::swiglu(gate.data, up.data, gate.rows * gate.cols); }
+
+    void add(Tensor x, Tensor y) override {
+        const int64_t n = x.rows * x.cols;
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; ++i) x.data[i] += y.data[i];
+    }
+
+    void gather_rows(Tensor x, const std::vector<int32_t>& rows, Tensor out) override {
+        for (size_t i = 0; i < rows.size(); ++i)
+            std::memmove(out.row(int64_t(i)), x.row(rows[i]), size_t(x.cols) * sizeof(float));
+    }
+
+    void synchronize() override {}
+
+    Status take_error() override {
+        Status s = std::move(error_);
+        error_ = {};
+        return s;
+    }
+
+private:
+    // 1-D weights as f32: in place when the file stores f32, else the copy made at registration.
+    static const float* f32(const Weight& w) {
+        return w.impl ? static_cast<const float*>(w.impl) : static_cast<const float*>(w.host);
+    }
+
+    void note(const Status& s) {
+        if (error_.ok()) error_ = s;
+    }
+
+    size_t kv_offset(int layer, int slot, int pos) const {
+        const KvCacheShape& s = kv_shape_;
+        return ((size_t(layer) * size_t(s.n_slots) + size_t(slot)) * size_t(s.n_ctx) + size_t(pos)) *
+               size_t(s.n_kv_heads) * size_t(s.head_dim);
+    }
+
+    int threads_;
+    std::deque<std::vector<float>> buffers_;
+    std::deque<std::vector<float>> small_f32_;
+    KvCacheShape kv_shape_;
+    std::vector<uint16_t> k_, v_;
+    BatchLayout layout_;
+    Status error_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(int threads) { return std::make_unique<CpuBackend>(threads); }
+
+}  // namespace tern::backend

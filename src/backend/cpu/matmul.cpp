@@ -1,0 +1,166 @@
+// Threaded matmul over GGUF weight rows: validate once, quantize the
+// activations once, then split (row chunk x token chunk) tiles across OpenMP
+// threads. Each output element is a single row-kernel call, so the tiling
+// decides only speed, never bits.
+#include "backend/cpu/matmul.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "quant/dot.h"
+#include "quant/quant.h"
+
+namespace tern::backend::cpu {
+
+namespace {
+
+// A tile is up to 16 rows x 16 tokens: 16 rows of a 4096-wide q4_K matrix are
+// 36 KiB, small enough to stay in L2 while the tile's tokens pass over them.
+constexpr int64_t kRowsPerTile = 16;
+constexpr int64_t kTokensPerTile = 16;
+// Calls with fewer weight-element x token products than this stay on the
+// calling thread: waking the team would cost more than the work.
+constexpr int64_t kSerialWork = int64_t(1) << 16;
+
+std::string name_of(TensorType t) { return tensor_type_name(uint32_t(t)); }
+
+Result<quant::SimdPath> pick_path(const MatmulOptions& opt) {
+    const quant::SimdPath path = opt.path.value_or(quant::simd_path_best());
+    if (!quant::simd_path_available(path))
+        return Error{std::string("matmul: the ") + quant::simd_path_name(path) +
+                     " path is not available on this CPU or build"};
+    return path;
+}
+
+int thread_count(const MatmulOptions& opt) { return opt.n_threads > 0 ? opt.n_threads : omp_get_max_threads(); }
+
+// Checks the weight view and returns its row stride in bytes.
+Result<size_t> check_weight(const Weight& w, const char* what) {
+    const std::string where = std::string(what) + ": weight '" + w.name + "' ";
+    if (w.rows < 1 || w.cols < 1)
+        return Error{where + "has shape " + std::to_string(w.rows) + " x " + std::to_string(w.cols)};
+    if (!w.host) return Error{where + "has no data"};
+    const size_t packed = quant::row_bytes(w.type, w.cols);
+    if (packed == 0)
+        return Error{where + "(" + name_of(w.type) + "): " + std::to_string(w.cols) +
+                     " columns are not a whole number of blocks, or the type is unsupported"};
+    const size_t stride = w.row_bytes ? w.row_bytes : packed;
+    if (stride < packed)
+        return Error{where + "row stride " + std::to_string(stride) + " is below the row size " +
+                     std::to_string(packed)};
+    // Kernels read the blocks' 16-bit scales (and f32 rows) in place.
+    const size_t align = w.type == TensorType::F32 ? 4 : 2;
+    if (reinterpret_cast<uintptr_t>(w.host) % align != 0 || stride % align != 0)
+        return Error{where + "data or row stride is not " + std::to_string(align) + "-byte aligned"};
+    return stride;
+}
+
+Status check_io(const void* in, const void* out, int64_t n_tokens, const char* what) {
+    if (n_tokens < 0) return Error{std::string(what) + ": negative token count " + std::to_string(n_tokens)};
+    if (n_tokens > 0 && (!in || !out)) return Error{std::string(what) + ": null activation or output pointer"};
+    if (reinterpret_cast<uintptr_t>(in) % alignof(float) != 0)
+        return Error{std::string(what) + ": activations are not 4-byte aligned"};
+    return {};
+}
+
+// Calls fn(r0, r1, t0, t1) for every tile, row-chunk major so that a thread's
+// consecutive tiles share rows (static schedule: contiguous task ranges).
+template <class Fn>
+void for_each_tile(int64_t rows, int64_t cols, int64_t n_tokens, int threads, Fn fn) {
+    const int64_t row_tiles = (rows + kRowsPerTile - 1) / kRowsPerTile;
+    const int64_t tok_tiles = (n_tokens + kTokensPerTile - 1) / kTokensPerTile;
+    const int64_t tiles = row_tiles * tok_tiles;
+    const bool parallel = threads > 1 && tiles > 1 && rows * cols * n_tokens >= kSerialWork;
+#pragma omp parallel for schedule(static) num_threads(threads) if (parallel)
+    for (int64_t i = 0; i < tiles; ++i) {
+        const int64_t r0 = (i / tok_tiles) * kRowsPerTile, t0 = (i % tok_tiles) * kTokensPerTile;
+        fn(r0, std::min(r0 + kRowsPerTile, rows), t0, std::min(t0 + kTokensPerTile, n_tokens));
+    }
+}
+
+Status matmul_float(const Weight& w, size_t stride, const float* x, int64_t n_tokens, float* out,
+                    const MatmulOptions& opt) {
+    auto path = pick_path(opt);
+    if (!path.ok()) return path.error();
+    const quant::DotFloatFn dot = quant::dot_float_kernel(w.type, *path);
+    if (!dot) return Error{"matmul: no float kernel for " + name_of(w.type)};
+    const auto* base = static_cast<const uint8_t*>(w.host);
+    const int64_t rows = w.rows, cols = w.cols;
+    for_each_tile(rows, cols, n_tokens, thread_count(opt), [&](int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
+        for (int64_t r = r0; r < r1; ++r) {
+            const void* row = base + size_t(r) * stride;
+            for (int64_t t = t0; t < t1; ++t) out[t * rows + r] = dot(row, x + t * cols, cols);
+        }
+    });
+    return {};
+}
+
+}  // namespace
+
+Status quantize_activations(const float* x, int64_t n_tokens, int64_t cols, quant::block_q8a* xq,
+                            const MatmulOptions& opt) {
+    if (cols < 1 || cols % quant::QK8A != 0)
+        return Error{"quantize_activations: " + std::to_string(cols) + " columns are not a multiple of 32"};
+    if (Status s = check_io(x, xq, n_tokens, "quantize_activations"); !s.ok())
+        return s;
+    if (n_tokens > 0 && reinterpret_cast<uintptr_t>(xq) % alignof(quant::block_q8a) != 0)
+        return Error{"quantize_activations: output blocks are not 4-byte aligned"};
+    auto path = pick_path(opt);
+    if (!path.ok()) return path.error();
+    const int64_t nbk = cols / quant::QK8A;
+    const bool parallel = n_tokens > 1 && n_tokens * cols >= kSerialWork / 16;
+#pragma omp parallel for schedule(static) num_threads(thread_count(opt)) if (parallel)
+    for (int64_t t = 0; t < n_tokens; ++t) quant::quantize_act_row(x + t * cols, xq + t * nbk, cols, *path);
+    return {};
+}
+
+Status matmul_q8a(const Weight& w, const quant::block_q8a* xq, int64_t n_tokens, float* out,
+                  const MatmulOptions& opt) {
+    auto stride = check_weight(w, "matmul");
+    if (!stride.ok()) return stride.error();
+    if (Status s = check_io(xq, out, n_tokens, "matmul"); !s.ok()) return s;
+    if (!quant::dot_int_type(w.type))
+        return Error{"matmul: weight '" + w.name + "' has type " + name_of(w.type) +
+                     ", which has no integer dot product"};
+    auto path = pick_path(opt);
+    if (!path.ok()) return path.error();
+    const quant::DotRowFn dot = quant::dot_row_kernel(w.type, *path);
+    if (!dot)
+        return Error{"matmul: no " + name_of(w.type) + " kernel on the " + quant::simd_path_name(*path) + " path"};
+    const auto* base = static_cast<const uint8_t*>(w.host);
+    const int64_t rows = w.rows, cols = w.cols, nbk = cols / quant::QK8A;
+    const size_t row_stride = *stride;
+    for_each_tile(rows, cols, n_tokens, thread_count(opt), [&](int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
+        for (int64_t r = r0; r < r1; ++r) {
+            const void* row = base + size_t(r) * row_stride;
+            for (int64_t t = t0; t < t1; ++t) out[t * rows + r] = dot(row, xq + t * nbk, cols);
+        }
+    });
+    return {};
+}
+
+Status matmul(const Weight& w, const float* x, int64_t n_tokens, float* out, const MatmulOptions& opt) {
+    auto stride = check_weight(w, "matmul");
+    if (!stride.ok()) return stride.error();
+    if (Status s = check_io(x, out, n_tokens, "matmul"); !s.ok()) return s;
+    if (n_tokens == 0) return {};
+    if (quant::dot_float_type(w.type)) return matmul_float(w, *stride, x, n_tokens, out, opt);
+    if (!quant::dot_int_type(w.type))
+        return Error{"matmul: weight '" + w.name + "' has type " + name_of(w.type) + ", which has no dot product"};
+    std::vector<quant::block_q8a> xq;
+    try {
+        xq.resize(size_t(n_tokens * (w.cols / quant::QK8A)));
+    } catch (const std::bad_alloc&) {
+        return Error{"matmul: out of memory quantizing " + std::to_string(n_tokens) + " x " +
+                     std::to_string(w.cols) + " activations"};
+    }
+    if (Status s = quantize_activations(x, n_tokens, w.cols, xq.data(), opt); !s.ok()) return s;
+    return matmul_q8a(w, xq.data(), n_tokens, out, opt);
+}
+
+}  // namespace tern::backend::cpu

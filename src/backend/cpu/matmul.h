@@ -1,0 +1,42 @@
+// Matrix products on the CPU: out[t][r] = sum_k W[r][k] * x[t][k] for a
+// weight matrix stored as GGUF rows (any type with a dot kernel in
+// quant/dot.h, or F32 / F16 / BF16) and f32 activations [n_tokens][cols].
+//
+// Quantized weights: the activations are quantized to block_q8a once per
+// call (or once by the caller, for inputs shared by several matrices), then
+// OpenMP threads split the output rows (and tokens). Every output element is
+// one call of the same row kernel on the same inputs, so results do not
+// depend on the thread count or on which other tokens share the batch.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "backend/backend.h"
+#include "base/result.h"
+#include "quant/act_quant.h"
+#include "quant/simd_path.h"
+
+namespace tern::backend::cpu {
+
+struct MatmulOptions {
+    std::optional<quant::SimdPath> path;  // default: quant::simd_path_best()
+    int n_threads = 0;                    // <= 0: OpenMP's current default
+};
+
+// out holds n_tokens * w.rows floats, row-major [t][r]; x holds n_tokens * w.cols.
+// Uses w.type, w.rows, w.cols, w.host and w.row_bytes (0: packed rows).
+// Errors (nothing written): unsupported type, ragged cols, bad pointers or
+// alignment, unavailable path.
+Status matmul(const Weight& w, const float* x, int64_t n_tokens, float* out, const MatmulOptions& opt = {});
+
+// Quantized-weight matmul on activations already quantized with
+// quantize_activations (n_tokens * w.cols / 32 blocks, token t's at t * w.cols / 32).
+Status matmul_q8a(const Weight& w, const quant::block_q8a* xq, int64_t n_tokens, float* out,
+                  const MatmulOptions& opt = {});
+
+// x [n_tokens][cols] -> xq, cols a multiple of 32; threads over tokens.
+Status quantize_activations(const float* x, int64_t n_tokens, int64_t cols, quant::block_q8a* xq,
+                            const MatmulOptions& opt = {});
+
+}  // namespace tern::backend::cpu

@@ -1,0 +1,93 @@
+// See ops.h. Accumulations that feed a normalisation run in double so the CPU
+// stays the accurate side of every CPU-vs-GPU comparison.
+#include "backend/cpu/ops.h"
+
+#include <cmath>
+#include <vector>
+
+#include "base/fp16.h"
+
+namespace tern::backend::cpu {
+
+void rms_norm(const float* x, const float* w, float eps, float* out, int64_t rows, int64_t cols) {
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+        const float* xr = x + r * cols;
+        float* o = out + r * cols;
+        double ss = 0.0;
+        for (int64_t i = 0; i < cols; ++i) ss += double(xr[i]) * double(xr[i]);
+        const float inv = float(1.0 / std::sqrt(ss / double(cols) + double(eps)));
+        for (int64_t i = 0; i < cols; ++i) o[i] = xr[i] * inv * (w ? w[i] : 1.0f);
+    }
+}
+
+void rope(float* x, int64_t rows, int n_heads, int head_dim, const int32_t* pos, const RopeParams& rope,
+          const float* freq_factors) {
+    const int half = rope.n_dims / 2;
+    // inv_freq[i] = base^(-2i/n_dims) / factor[i]
+    std::vector<double> inv_freq(static_cast<size_t>(half));
+    for (int i = 0; i < half; ++i) {
+        inv_freq[size_t(i)] = std::pow(double(rope.freq_base), -2.0 * i / double(rope.n_dims));
+        if (freq_factors) inv_freq[size_t(i)] /= double(freq_factors[i]);
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < rows; ++t) {
+        const double p = double(pos[t]) * double(rope.freq_scale);
+        std::vector<float> c(static_cast<size_t>(half)), s(static_cast<size_t>(half));
+        for (int i = 0; i < half; ++i) {
+            const double a = p * inv_freq[size_t(i)];
+            c[size_t(i)] = float(std::cos(a));
+            s[size_t(i)] = float(std::sin(a));
+        }
+        for (int h = 0; h < n_heads; ++h) {
+            float* v = x + t * int64_t(n_heads) * head_dim + int64_t(h) * head_dim;
+            for (int i = 0; i < half; ++i) {
+                // interleaved pairs (2i, 2i+1), or NeoX pairs (i, i + n_dims/2)
+                const int a = rope.neox ? i : 2 * i;
+                const int b = rope.neox ? i + half : 2 * i + 1;
+                const float x0 = v[a], x1 = v[b];
+                v[a] = x0 * c[size_t(i)] - x1 * s[size_t(i)];
+                v[b] = x0 * s[size_t(i)] + x1 * c[size_t(i)];
+            }
+        }
+    }
+}
+
+void swiglu(float* gate, const float* up, int64_t n) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+        const float g = gate[i];
+        gate[i] = g / (1.0f + std::exp(-g)) * up[i];
+    }
+}
+
+void attention_row(const float* q, const uint16_t* k, const uint16_t* v, int n_pos, int n_heads,
+                   int n_kv_heads, int head_dim, float scale, float* out) {
+    const int group = n_heads / n_kv_heads;
+    std::vector<float> acc(static_cast<size_t>(head_dim));
+    for (int h = 0; h < n_heads; ++h) {
+        const int kvh = h / group;
+        const float* qh = q + int64_t(h) * head_dim;
+        // Online softmax: running max m, running denominator l, running numerator acc.
+        float m = -INFINITY, l = 0.0f;
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (int p = 0; p < n_pos; ++p) {
+            const uint16_t* kp = k + (int64_t(p) * n_kv_heads + kvh) * head_dim;
+            const uint16_t* vp = v + (int64_t(p) * n_kv_heads + kvh) * head_dim;
+            float dot = 0.0f;
+            for (int i = 0; i < head_dim; ++i) dot += qh[i] * fp16_to_fp32(kp[i]);
+            const float s = dot * scale;
+            const float m_new = std::max(m, s);
+            const float correction = std::exp(m - m_new);  // exp(-inf) = 0 on the first step
+            const float w = std::exp(s - m_new);
+            l = l * correction + w;
+            for (int i = 0; i < head_dim; ++i) acc[size_t(i)] = acc[size_t(i)] * correction + w * fp16_to_fp32(vp[i]);
+            m = m_new;
+        }
+        float* o = out + int64_t(h) * head_dim;
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        for (int i = 0; i < head_dim; ++i) o[i] = acc[size_t(i)] * inv;
+    }
+}
+
+}  // namespace tern::backend::cpu

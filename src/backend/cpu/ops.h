@@ -1,0 +1,28 @@
+// Plain CPU implementations of the non-matmul operations, on host f32 rows.
+// They are the reference the GPU kernels are checked against, so each is
+// written to read as the math it computes; threading is over independent rows.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/backend.h"
+
+namespace tern::backend::cpu {
+
+// out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w; out may alias x. w may be null.
+void rms_norm(const float* x, const float* w, float eps, float* out, int64_t rows, int64_t cols);
+
+// Rotates x (rows: tokens, n_heads * head_dim cols) in place, token t at position pos[t].
+// freq_factors: null or rope.n_dims/2 floats.
+void rope(float* x, int64_t rows, int n_heads, int head_dim, const int32_t* pos, const RopeParams& rope,
+          const float* freq_factors);
+
+// gate = silu(gate) * up, elementwise over n values.
+void swiglu(float* gate, const float* up, int64_t n);
+
+// Attention of one query row over a run of cached positions, f16 K and V laid
+// out [pos][n_kv_heads][head_dim]; online softmax, so memory stays O(head_dim).
+void attention_row(const float* q, const uint16_t* k, const uint16_t* v, int n_pos, int n_heads,
+                   int n_kv_heads, int head_dim, float scale, float* out);
+
+}  // namespace tern::backend::cpu

@@ -1,0 +1,34 @@
+// Activation quantization for the integer dot products: every matmul input is
+// quantized once, per block of 32 consecutive elements, into block_q8a. The
+// CUDA path uses the same format and rounding, so the CPU kernels can serve as
+// its bit-level reference. Format and rounding: docs/cpu-kernels.md.
+#pragma once
+
+#include <cstdint>
+
+#include "quant/simd_path.h"
+
+namespace tern::quant {
+
+constexpr int QK8A = 32;
+
+// x[i] ~= d * qs[i].  d = amax / 127 (amax = max |x| over the block),
+// qs[i] = round-half-away-from-zero(x[i] / d) clamped to [-127, 127]
+// (0 everywhere when d == 0), sum = exact integer sum of qs.
+struct block_q8a {
+    float d;
+    int32_t sum;
+    int8_t qs[QK8A];
+};
+static_assert(sizeof(block_q8a) == 40, "block_q8a is 4 + 4 + 32 bytes");
+
+// Quantizes k floats (k a multiple of 32) into k/32 blocks. Every path gives
+// the same bits; the first form uses simd_path_best(), the second falls back
+// to the scalar code when `path` is not available.
+void quantize_act_row(const float* x, block_q8a* y, int64_t k);
+void quantize_act_row(const float* x, block_q8a* y, int64_t k, SimdPath path);
+
+// The reference for one block, written as the definition above.
+void quantize_act_block_ref(const float* x, block_q8a* y);
+
+}  // namespace tern::quant

@@ -1,0 +1,93 @@
+// Picks the dot-product kernel for a (type, path) pair from the tables the
+// per-path files export; unavailable paths and unsupported types give null.
+// Also the activation planes the multi-token kernels read.
+#include "quant/dot.h"
+
+#include "quant/dot_internal.h"
+
+namespace tern::quant {
+
+namespace {
+
+const detail::PathKernels* kernels_for(SimdPath path) {
+    if (!simd_path_available(path)) return nullptr;
+    switch (path) {
+    case SimdPath::scalar: return detail::path_kernels_scalar();
+    case SimdPath::avx2: return detail::path_kernels_avx2();
+    case SimdPath::avx512: return detail::path_kernels_avx512();
+    }
+    return nullptr;
+}
+
+const detail::IntKernel* int_kernel(const detail::PathKernels& k, TensorType type) {
+    switch (type) {
+    case TensorType::Q4_0: return &k.q4_0;
+    case TensorType::Q4_1: return &k.q4_1;
+    case TensorType::Q5_0: return &k.q5_0;
+    case TensorType::Q5_1: return &k.q5_1;
+    case TensorType::Q8_0: return &k.q8_0;
+    case TensorType::Q2_K: return &k.q2_K;
+    case TensorType::Q3_K: return &k.q3_K;
+    case TensorType::Q4_K: return &k.q4_K;
+    case TensorType::Q5_K: return &k.q5_K;
+    case TensorType::Q6_K: return &k.q6_K;
+    default: return nullptr;
+    }
+}
+
+}  // namespace
+
+bool dot_int_type(TensorType type) { return int_kernel(*detail::path_kernels_scalar(), type) != nullptr; }
+
+bool dot_float_type(TensorType type) {
+    return type == TensorType::F32 || type == TensorType::F16 || type == TensorType::BF16;
+}
+
+DotRowFn dot_row_kernel(TensorType type, SimdPath path) {
+    const detail::PathKernels* k = kernels_for(path);
+    const detail::IntKernel* ik = k ? int_kernel(*k, type) : nullptr;
+    return ik ? ik->row : nullptr;
+}
+
+DotIntSumsFn dot_int_sums_kernel(TensorType type, SimdPath path) {
+    const detail::PathKernels* k = kernels_for(path);
+    const detail::IntKernel* ik = k ? int_kernel(*k, type) : nullptr;
+    return ik ? ik->int_sums : nullptr;
+}
+
+DotFloatFn dot_float_kernel(TensorType type, SimdPath path) {
+    const detail::PathKernels* k = kernels_for(path);
+    if (!k) return nullptr;
+    switch (type) {
+    case TensorType::F32: return k->f32;
+    case TensorType::F16: return k->f16;
+    case TensorType::BF16: return k->bf16;
+    default: return nullptr;
+    }
+}
+
+DotTokensFn dot_tokens_kernel(TensorType type, SimdPath path) {
+    const detail::PathKernels* k = kernels_for(path);
+    const detail::IntKernel* ik = k ? int_kernel(*k, type) : nullptr;
+    return ik ? ik->tokens : nullptr;
+}
+
+DotFloatTokensFn dot_float_tokens_kernel(TensorType type, SimdPath path) {
+    const detail::PathKernels* k = kernels_for(path);
+    if (!k) return nullptr;
+    switch (type) {
+    case TensorType::F32: return k->f32_tokens;
+    case TensorType::F16: return k->f16_tokens;
+    case TensorType::BF16: return k->bf16_tokens;
+    default: return nullptr;
+    }
+}
+
+void act_token_planes(const block_q8a* q, int64_t n, float* d, int32_t* sum) {
+    for (int64_t i = 0; i < n; ++i) {
+        d[i] = q[i].d;
+        sum[i] = q[i].sum;
+    }
+}
+
+}  // namespace tern::quant

@@ -1,0 +1,561 @@
+// The x86 kernels, written once over 256-bit registers and compiled twice:
+// dot_avx2.cpp and dot_avx512.cpp each define the few instruction-set
+// primitives below, then include this file (the one-token kernels) and
+// dot_x86_tokens.h (the multi-token kernels and the path's table), so the two
+// paths share every unpacking and combining step and differ only in how bytes
+// are multiplied.
+//
+// Primitives the including file defines (static inline):
+//   __m256i mul_sum_u8s8(__m256i u, __m256i s)
+//       lane i = sum over bytes 4i..4i+3 of u (unsigned, <= 128) * s (signed)
+//   __m256i expand_bits32(uint32_t bits, char value)
+//       byte j = value where bit j of bits is set, else 0
+//   __m256i select_bit(__m256i v, int bit, char value)
+//       byte j = value where bit `bit` of byte j of v is set, else 0
+//
+// Each kernel reproduces the scalar reference (dot_scalar.cpp) bit for bit:
+// integer sums are exact, and the float terms are formed and added in the
+// same order, lane b % 8 holding block b (dot_internal.h).
+//
+// Not a public header; everything is in an unnamed namespace.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "quant/dot_internal.h"
+
+namespace tern::quant::detail {
+namespace {
+
+// ---- shared helpers -------------------------------------------------------
+
+inline __m256i load_a(const block_q8a& a) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.qs)); }
+inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+inline __m128i load16(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
+
+// As mul_sum_u8s8, each half of 16 bytes weighted by its int16 scale: sc16
+// holds the first half's scale in its low eight int16 lanes, the second's in
+// the high. Exact while u <= 128 (no int16 saturation in vpmaddubsw).
+inline __m256i mul_sum_u8s8_sc16(__m256i u, __m256i a, __m256i sc16) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), sc16);
+}
+
+// Signed weights times signed activations: the weight's magnitude (<= 128) is
+// the unsigned factor and its sign moves onto the activation. Kept apart so
+// the multi-token kernels take the magnitude once per block.
+struct SignedBytes {
+    __m256i mag, sign;
+};
+inline SignedBytes signed_bytes(__m256i w) { return {_mm256_abs_epi8(w), w}; }
+inline __m256i mul_sum_signed(const SignedBytes& w, __m256i a) {
+    return mul_sum_u8s8(w.mag, _mm256_sign_epi8(a, w.sign));
+}
+inline __m256i mul_sum_signed_sc16(const SignedBytes& w, __m256i a, __m256i sc16) {
+    return mul_sum_u8s8_sc16(w.mag, _mm256_sign_epi8(a, w.sign), sc16);
+}
+
+// Lane j of the result = sum of the eight lanes of p[j].
+inline __m256i reduce8(const __m256i* p) {
+    const __m256i t0 = _mm256_hadd_epi32(p[0], p[1]);
+    const __m256i t1 = _mm256_hadd_epi32(p[2], p[3]);
+    const __m256i t2 = _mm256_hadd_epi32(p[4], p[5]);
+    const __m256i t3 = _mm256_hadd_epi32(p[6], p[7]);
+    const __m256i u0 = _mm256_hadd_epi32(t0, t1);
+    const __m256i u1 = _mm256_hadd_epi32(t2, t3);
+    return _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20),
+                            _mm256_permute2x128_si256(u0, u1, 0x31));
+}
+
+inline int32_t hsum_i32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
+// The lane fold of lanes8_total: ((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7)).
+inline float fold8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+// d and sum of eight consecutive activation blocks (40 bytes apart).
+inline __m256 act_d8(const block_q8a* a) {
+    return _mm256_setr_ps(a[0].d, a[1].d, a[2].d, a[3].d, a[4].d, a[5].d, a[6].d, a[7].d);
+}
+inline __m256i act_sum8(const block_q8a* a) {
+    return _mm256_setr_epi32(a[0].sum, a[1].sum, a[2].sum, a[3].sum, a[4].sum, a[5].sum, a[6].sum, a[7].sum);
+}
+
+inline float half1(uint16_t h) { return _cvtsh_ss(h); }
+
+// Eight halves `stride` bytes apart, starting at `first`.
+inline __m256 half8(const uint16_t* first, size_t stride) {
+    const auto* p = reinterpret_cast<const uint8_t*>(first);
+    auto at = [&](int i) {
+        uint16_t h;
+        std::memcpy(&h, p + size_t(i) * stride, 2);
+        return short(h);
+    };
+    return _mm256_cvtph_ps(_mm_setr_epi16(at(0), at(1), at(2), at(3), at(4), at(5), at(6), at(7)));
+}
+
+// Scale pair for 32-block i (0..3) of a 128-element half: s8 holds that
+// half's eight int16 scales in both 128-bit lanes; the result has scale 2i in
+// the low eight int16 lanes and 2i+1 in the high eight.
+inline __m256i pair16(__m256i s8, int i) {
+    const short lo = short(0x0100 + 0x0404 * i), hi = short(0x0302 + 0x0404 * i);
+    return _mm256_shuffle_epi8(s8, _mm256_setr_m128i(_mm_set1_epi16(lo), _mm_set1_epi16(hi)));
+}
+
+// 16 int16 scales -> {scales 0..7 in both lanes, scales 8..15 in both lanes}.
+inline void split_scales16(__m256i s16, __m256i* out) {
+    out[0] = _mm256_permute2x128_si256(s16, s16, 0x00);
+    out[1] = _mm256_permute2x128_si256(s16, s16, 0x11);
+}
+
+// 32 nibbles of a 16-byte run: low nibbles are elements 0..15, high 16..31.
+// (Both halves from one broadcast load, the upper shifted by 4: no lane shuffle.)
+inline __m256i nibbles32(const uint8_t* qs) {
+    const __m256i x = _mm256_broadcastsi128_si256(load16(qs));
+    const __m256i shifted = _mm256_srlv_epi64(x, _mm256_setr_epi64x(0, 0, 4, 4));
+    return _mm256_and_si256(shifted, _mm256_set1_epi8(0x0F));
+}
+
+// ---- 32-element types -----------------------------------------------------
+//
+// unpack() turns a block's quanta into bytes ready for mul(), which gives
+// per-lane partial sums of sum q*a with q as stored (unsigned for the nibble
+// types); unpacking is separate so the multi-token kernels do it once per
+// block. kOffsetShift turns the sum into sum (q - 2^shift) * a using the
+// activation block's sum; kMin types add the (mw * da) * S term.
+
+struct Q4_0 {
+    using Block = block_q4_0;
+    using Unpacked = __m256i;
+    static constexpr int kOffsetShift = 3;  // q - 8
+    static constexpr bool kMin = false;
+    static Unpacked unpack(const Block& w) { return nibbles32(w.qs); }
+    static __m256i mul(Unpacked q, __m256i a) { return mul_sum_u8s8(q, a); }
+};
+
+struct Q4_1 {
+    using Block = block_q4_1;
+    using Unpacked = __m256i;
+    static constexpr int kOffsetShift = 0;
+    static constexpr bool kMin = true;
+    static Unpacked unpack(const Block& w) { return nibbles32(w.qs); }
+    static __m256i mul(Unpacked q, __m256i a) { return mul_sum_u8s8(q, a); }
+};
+
+struct Q5_0 {
+    using Block = block_q5_0;
+    using Unpacked = __m256i;
+    static constexpr int kOffsetShift = 4;  // q - 16
+    static constexpr bool kMin = false;
+    static Unpacked unpack(const Block& w) {
+        return _mm256_or_si256(nibbles32(w.qs), expand_bits32(load_u32(w.qh), 0x10));
+    }
+    static __m256i mul(Unpacked q, __m256i a) { return mul_sum_u8s8(q, a); }
+};
+
+struct Q5_1 {
+    using Block = block_q5_1;
+    using Unpacked = __m256i;
+    static constexpr int kOffsetShift = 0;
+    static constexpr bool kMin = true;
+    static Unpacked unpack(const Block& w) {
+        return _mm256_or_si256(nibbles32(w.qs), expand_bits32(load_u32(w.qh), 0x10));
+    }
+    static __m256i mul(Unpacked q, __m256i a) { return mul_sum_u8s8(q, a); }
+};
+
+struct Q8_0 {
+    using Block = block_q8_0;
+    using Unpacked = SignedBytes;
+    static constexpr int kOffsetShift = 0;
+    static constexpr bool kMin = false;
+    static Unpacked unpack(const Block& w) { return signed_bytes(load32(reinterpret_cast<const uint8_t*>(w.qs))); }
+    static __m256i mul(const Unpacked& q, __m256i a) { return mul_sum_signed(q, a); }
+};
+
+// w_sum (A) and x_sum (S) of eight consecutive blocks, lane j = block j.
+template <class T>
+inline void legacy_sums8(const typename T::Block* w, const block_q8a* a, __m256i& A, __m256i& S) {
+    __m256i p[8];
+    for (int j = 0; j < 8; ++j) p[j] = T::mul(T::unpack(w[j]), load_a(a[j]));
+    A = reduce8(p);
+    S = _mm256_setzero_si256();
+    if constexpr (T::kMin || T::kOffsetShift != 0) S = act_sum8(a);
+    if constexpr (T::kOffsetShift != 0) A = _mm256_sub_epi32(A, _mm256_slli_epi32(S, T::kOffsetShift));
+    if constexpr (!T::kMin) S = _mm256_setzero_si256();
+}
+
+template <class T>
+inline void legacy_sums1(const typename T::Block& w, const block_q8a& a, int32_t& A, int32_t& S) {
+    A = hsum_i32(T::mul(T::unpack(w), load_a(a)));
+    if constexpr (T::kOffsetShift != 0) A -= a.sum * (1 << T::kOffsetShift);
+    S = T::kMin ? a.sum : 0;
+}
+
+template <class T>
+float dot_legacy(const void* wv, const block_q8a* a, int64_t k) {
+    const auto* w = static_cast<const typename T::Block*>(wv);
+    const int64_t nb = k / 32;
+    __m256 acc = _mm256_setzero_ps();
+    int64_t b = 0;
+    for (; b + 8 <= nb; b += 8) {
+        __m256i A, S;
+        legacy_sums8<T>(w + b, a + b, A, S);
+        const __m256 da = act_d8(a + b);
+        const __m256 dw = half8(&w[b].d, sizeof(typename T::Block));
+        __m256 t = _mm256_mul_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(A));
+        if constexpr (T::kMin) {
+            const __m256 mw = half8(&w[b].m, sizeof(typename T::Block));
+            t = _mm256_add_ps(t, _mm256_mul_ps(_mm256_mul_ps(mw, da), _mm256_cvtepi32_ps(S)));
+        }
+        acc = _mm256_add_ps(acc, t);
+    }
+    if (b == nb) return fold8(acc);
+    // Ragged tail: fewer than eight blocks, added lane by lane as the reference does.
+    Lanes8 lanes;
+    _mm256_storeu_ps(lanes.v, acc);
+    for (; b < nb; ++b) {
+        int32_t A, S;
+        legacy_sums1<T>(w[b], a[b], A, S);
+        if constexpr (T::kMin)
+            lanes.v[b % 8] += term_offset(half1(w[b].d), half1(w[b].m), a[b].d, A, S);
+        else
+            lanes.v[b % 8] += term_scale(half1(w[b].d), a[b].d, A);
+    }
+    return lanes8_total(lanes);
+}
+
+template <class T>
+void int_sums_legacy(const void* wv, const block_q8a* a, int64_t k, int32_t* A, int32_t* S) {
+    const auto* w = static_cast<const typename T::Block*>(wv);
+    const int64_t nb = k / 32;
+    int64_t b = 0;
+    for (; b + 8 <= nb; b += 8) {
+        __m256i va, vs;
+        legacy_sums8<T>(w + b, a + b, va, vs);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(A + b), va);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(S + b), vs);
+    }
+    for (; b < nb; ++b) legacy_sums1<T>(w[b], a[b], A[b], S[b]);
+}
+
+// ---- K-quants: A and X of a super-block's eight 32-blocks -----------------
+//
+// unpack() expands a super-block's quanta and scales into an Unpacked state
+// once; sums() gives A and X (lane j = 32-block j) from that state and the
+// eight activation blocks. asum holds the eight activation sums; only types
+// with kActSum read it.
+
+struct Q2_K {
+    using Block = block_q2_K;
+    static constexpr bool kMin = true;
+    static constexpr bool kActSum = false;
+    struct Unpacked {
+        __m256i q[8];             // 2-bit quanta of 32-block j
+        __m256i sc[8], mn[8];     // its two scales / mins, as int16 pair16 vectors
+    };
+    static void unpack(const Block& w, Unpacked& u) {
+        const __m128i s8 = load16(w.scales);
+        const __m128i m4 = _mm_set1_epi8(0x0F);
+        __m256i sc[2], mn[2];
+        split_scales16(_mm256_cvtepu8_epi16(_mm_and_si128(s8, m4)), sc);
+        split_scales16(_mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s8, 4), m4)), mn);
+        const __m256i m3 = _mm256_set1_epi8(3);
+        for (int h = 0; h < 2; ++h) {
+            const __m256i Q = load32(w.qs + 32 * h);
+            for (int plane = 0; plane < 4; ++plane) {
+                const int j = 4 * h + plane;
+                u.q[j] = _mm256_and_si256(_mm256_srli_epi16(Q, 2 * plane), m3);
+                u.sc[j] = pair16(sc[h], plane);
+                u.mn[j] = pair16(mn[h], plane);
+            }
+        }
+    }
+    static void sums(const Unpacked& u, const block_q8a* a, __m256i, __m256i& A, __m256i& X) {
+        const __m256i ones = _mm256_set1_epi8(1);
+        __m256i p[8], pm[8];
+        for (int j = 0; j < 8; ++j) {
+            const __m256i aj = load_a(a[j]);
+            p[j] = mul_sum_u8s8_sc16(u.q[j], aj, u.sc[j]);
+            pm[j] = mul_sum_u8s8_sc16(ones, aj, u.mn[j]);
+        }
+        A = reduce8(p);
+        X = reduce8(pm);
+    }
+};
+
+// q3_K and q6_K: signed values with an int16 scale per 16 elements.
+struct SignedScaled {
+    SignedBytes v[8];
+    __m256i sc[8];  // pair16 vectors
+};
+inline void signed_scaled_sums(const SignedScaled& u, const block_q8a* a, __m256i& A) {
+    __m256i p[8];
+    for (int j = 0; j < 8; ++j)
+        p[j] = mul_sum_signed_sc16(u.v[j], load_a(a[j]), u.sc[j]);
+    A = reduce8(p);
+}
+
+struct Q3_K {
+    using Block = block_q3_K;
+    static constexpr bool kMin = false;
+    static constexpr bool kActSum = false;
+    using Unpacked = SignedScaled;
+    static void unpack(const Block& w, Unpacked& u) {
+        uint32_t s[4];
+        unpack_q3k_scales_words(w.scales, s);
+        const __m128i biased = _mm_setr_epi32(int(s[0]), int(s[1]), int(s[2]), int(s[3]));
+        __m256i sc[2];
+        split_scales16(_mm256_cvtepi8_epi16(_mm_sub_epi8(biased, _mm_set1_epi8(32))), sc);
+        const __m256i H = load32(w.hmask);
+        const __m256i m3 = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
+        for (int h = 0; h < 2; ++h) {
+            const __m256i Q = load32(w.qs + 32 * h);
+            for (int plane = 0; plane < 4; ++plane) {
+                const int j = 4 * h + plane;
+                const __m256i low = _mm256_and_si256(_mm256_srli_epi16(Q, 2 * plane), m3);
+                u.v[j] = signed_bytes(_mm256_sub_epi8(_mm256_or_si256(low, select_bit(H, j, 4)), four));
+                u.sc[j] = pair16(sc[h], plane);
+            }
+        }
+    }
+    static void sums(const Unpacked& u, const block_q8a* a, __m256i, __m256i& A, __m256i& X) {
+        signed_scaled_sums(u, a, A);
+        X = _mm256_setzero_si256();
+    }
+};
+
+// q4_K / q5_K scales and mins as eight int32 lanes each.
+inline void k4_scales(const uint8_t* packed, __m256i& sc, __m256i& mn) {
+    uint32_t s[2], m[2];
+    unpack_k4_scales_words(packed, s, m);
+    sc = _mm256_cvtepu8_epi32(_mm_setr_epi32(int(s[0]), int(s[1]), 0, 0));
+    mn = _mm256_cvtepu8_epi32(_mm_setr_epi32(int(m[0]), int(m[1]), 0, 0));
+}
+
+// q4_K and q5_K: unsigned quanta, one scale and min per 32-block.
+struct UnsignedScaled {
+    __m256i q[8];
+    __m256i sc, mn;  // int32 lane j: 32-block j's scale and min
+};
+inline void unsigned_scaled_sums(const UnsignedScaled& u, const block_q8a* a, __m256i asum, __m256i& A,
+                                 __m256i& X) {
+    __m256i p[8];
+    for (int j = 0; j < 8; ++j) p[j] = mul_sum_u8s8(u.q[j], load_a(a[j]));
+    A = _mm256_mullo_epi32(reduce8(p), u.sc);
+    X = _mm256_mullo_epi32(asum, u.mn);
+}
+
+struct Q4_K {
+    using Block = block_q4_K;
+    static constexpr bool kMin = true;
+    static constexpr bool kActSum = true;
+    using Unpacked = UnsignedScaled;
+    static void unpack(const Block& w, Unpacked& u) {
+        k4_scales(w.scales, u.sc, u.mn);
+        const __m256i m4 = _mm256_set1_epi8(0x0F);
+        for (int c = 0; c < 4; ++c) {
+            const __m256i Q = load32(w.qs + 32 * c);
+            u.q[2 * c] = _mm256_and_si256(Q, m4);
+            u.q[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(Q, 4), m4);
+        }
+    }
+    static void sums(const Unpacked& u, const block_q8a* a, __m256i asum, __m256i& A, __m256i& X) {
+        unsigned_scaled_sums(u, a, asum, A, X);
+    }
+};
+
+struct Q5_K {
+    using Block = block_q5_K;
+    static constexpr bool kMin = true;
+    static constexpr bool kActSum = true;
+    using Unpacked = UnsignedScaled;
+    static void unpack(const Block& w, Unpacked& u) {
+        k4_scales(w.scales, u.sc, u.mn);
+        const __m256i m4 = _mm256_set1_epi8(0x0F);
+        const __m256i H = load32(w.qh);
+        for (int c = 0; c < 4; ++c) {
+            const __m256i Q = load32(w.qs + 32 * c);
+            u.q[2 * c] = _mm256_or_si256(_mm256_and_si256(Q, m4), select_bit(H, 2 * c, 0x10));
+            u.q[2 * c + 1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(Q, 4), m4),
+                                             select_bit(H, 2 * c + 1, 0x10));
+        }
+    }
+    static void sums(const Unpacked& u, const block_q8a* a, __m256i asum, __m256i& A, __m256i& X) {
+        unsigned_scaled_sums(u, a, asum, A, X);
+    }
+};
+
+struct Q6_K {
+    using Block = block_q6_K;
+    static constexpr bool kMin = false;
+    static constexpr bool kActSum = false;
+    using Unpacked = SignedScaled;
+    static void unpack(const Block& w, Unpacked& u) {
+        __m256i sc[2];
+        split_scales16(_mm256_cvtepi8_epi16(load16(w.scales)), sc);
+        const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+        const __m256i off = _mm256_set1_epi8(32);
+        for (int h = 0; h < 2; ++h) {
+            const __m256i L0 = load32(w.ql + 64 * h), L1 = load32(w.ql + 64 * h + 32);
+            const __m256i Hb = load32(w.qh + 32 * h);
+            // Quarter i: low nibble (i < 2) or high nibble of L(i % 2), high bits 2i..2i+1 of Hb.
+            const __m256i q[4] = {
+                _mm256_or_si256(_mm256_and_si256(L0, m4), _mm256_and_si256(_mm256_slli_epi16(Hb, 4), m30)),
+                _mm256_or_si256(_mm256_and_si256(L1, m4), _mm256_and_si256(_mm256_slli_epi16(Hb, 2), m30)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(L0, 4), m4), _mm256_and_si256(Hb, m30)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(L1, 4), m4),
+                                _mm256_and_si256(_mm256_srli_epi16(Hb, 2), m30)),
+            };
+            for (int i = 0; i < 4; ++i) {
+                const int j = 4 * h + i;
+                u.v[j] = signed_bytes(_mm256_sub_epi8(q[i], off));
+                u.sc[j] = pair16(sc[h], i);
+            }
+        }
+    }
+    static void sums(const Unpacked& u, const block_q8a* a, __m256i, __m256i& A, __m256i& X) {
+        signed_scaled_sums(u, a, A);
+        X = _mm256_setzero_si256();
+    }
+};
+
+// One super-block against its eight activation blocks, for one token.
+template <class T>
+inline void kquant_sums(const typename T::Block& w, const block_q8a* a, __m256i& A, __m256i& X) {
+    typename T::Unpacked u;
+    T::unpack(w, u);
+    __m256i asum = _mm256_setzero_si256();
+    if constexpr (T::kActSum) asum = act_sum8(a);
+    T::sums(u, a, asum, A, X);
+}
+
+template <class T>
+float dot_kquant(const void* wv, const block_q8a* a, int64_t k) {
+    const auto* w = static_cast<const typename T::Block*>(wv);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < k / QK_K; ++i, a += 8) {
+        __m256i A, X;
+        kquant_sums<T>(w[i], a, A, X);
+        const __m256 da = act_d8(a);
+        const __m256 d = _mm256_set1_ps(half1(w[i].d));
+        __m256 t = _mm256_mul_ps(_mm256_mul_ps(d, da), _mm256_cvtepi32_ps(A));
+        if constexpr (T::kMin) {
+            const __m256 dmin = _mm256_set1_ps(half1(w[i].dmin));
+            t = _mm256_sub_ps(t, _mm256_mul_ps(_mm256_mul_ps(dmin, da), _mm256_cvtepi32_ps(X)));
+        }
+        acc = _mm256_add_ps(acc, t);
+    }
+    return fold8(acc);
+}
+
+template <class T>
+void int_sums_kquant(const void* wv, const block_q8a* a, int64_t k, int32_t* A, int32_t* X) {
+    const auto* w = static_cast<const typename T::Block*>(wv);
+    for (int64_t i = 0; i < k / QK_K; ++i) {
+        __m256i va, vx;
+        kquant_sums<T>(w[i], a + 8 * i, va, vx);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(A + 8 * i), va);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(X + 8 * i), vx);
+    }
+}
+
+// ---- float rows: element k into lane k % 16 (two registers of eight) -------
+
+struct F32 {
+    static __m256 load8(const void* w, int64_t i) { return _mm256_loadu_ps(static_cast<const float*>(w) + i); }
+    static float load1(const void* w, int64_t i) { return static_cast<const float*>(w)[i]; }
+};
+struct F16 {
+    static __m256 load8(const void* w, int64_t i) {
+        return _mm256_cvtph_ps(load16(static_cast<const uint16_t*>(w) + i));
+    }
+    static float load1(const void* w, int64_t i) { return half1(static_cast<const uint16_t*>(w)[i]); }
+};
+struct BF16 {
+    static __m256 load8(const void* w, int64_t i) {
+        const __m256i u = _mm256_cvtepu16_epi32(load16(static_cast<const uint16_t*>(w) + i));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
+    }
+    static float load1(const void* w, int64_t i) {
+        const uint32_t u = uint32_t(static_cast<const uint16_t*>(w)[i]) << 16;
+        float f;
+        std::memcpy(&f, &u, 4);
+        return f;
+    }
+};
+
+template <class T>
+float dot_float(const void* w, const float* x, int64_t k) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= k; i += 16) {
+        acc0 = _mm256_add_ps(acc0, _mm256_mul_ps(T::load8(w, i), _mm256_loadu_ps(x + i)));
+        acc1 = _mm256_add_ps(acc1, _mm256_mul_ps(T::load8(w, i + 8), _mm256_loadu_ps(x + i + 8)));
+    }
+    if (i == k) return fold8(_mm256_add_ps(acc0, acc1));
+    Lanes16 lanes;
+    _mm256_storeu_ps(lanes.v, acc0);
+    _mm256_storeu_ps(lanes.v + 8, acc1);
+    for (; i < k; ++i) {
+        const float p = T::load1(w, i) * x[i];
+        lanes.v[i % 16] += p;
+    }
+    return lanes16_total(lanes);
+}
+
+// ---- activation quantization: quantize_act_block_ref, eight lanes at a time --
+
+inline void quantize_act_row_x86(const float* x, block_q8a* y, int64_t k) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+    const __m256 half = _mm256_set1_ps(0.5f), neg_half = _mm256_set1_ps(-0.5f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int64_t b = 0; b < k / QK8A; ++b, x += QK8A) {
+        __m256 v[4];
+        __m256 mx = _mm256_setzero_ps();
+        for (int i = 0; i < 4; ++i) {
+            v[i] = _mm256_loadu_ps(x + 8 * i);
+            mx = _mm256_max_ps(_mm256_andnot_ps(sign, v[i]), mx);  // a NaN lane keeps mx
+        }
+        __m128 m = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        m = _mm_max_ss(m, _mm_movehdup_ps(m));
+        const float d = _mm_cvtss_f32(m) / 127.0f;
+        y[b].d = d;
+        if (d == 0.0f) {
+            std::memset(y[b].qs, 0, sizeof y[b].qs);
+            y[b].sum = 0;
+            continue;
+        }
+        const __m256 dv = _mm256_set1_ps(d);
+        __m256i q[4];
+        for (int i = 0; i < 4; ++i) {
+            __m256 t = _mm256_div_ps(v[i], dv);
+            t = _mm256_min_ps(_mm256_max_ps(t, lo), hi);  // max(NaN, lo) = lo, as the reference
+            const __m256i tz = _mm256_cvttps_epi32(t);
+            const __m256 frac = _mm256_sub_ps(t, _mm256_cvtepi32_ps(tz));
+            const __m256i up = _mm256_castps_si256(_mm256_cmp_ps(frac, half, _CMP_GE_OQ));
+            const __m256i down = _mm256_castps_si256(_mm256_cmp_ps(frac, neg_half, _CMP_LE_OQ));
+            q[i] = _mm256_add_epi32(_mm256_sub_epi32(tz, up), down);
+        }
+        const __m256i s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+        const __m256i p8 = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(y[b].qs), _mm256_permutevar8x32_epi32(p8, order));
+        y[b].sum = hsum_i32(s);
+    }
+}
+
+}  // namespace
+}  // namespace tern::quant::detail

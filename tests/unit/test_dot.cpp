@@ -1,0 +1,343 @@
+// quant/dot*, quant/act_quant: activation quantization against its written
+// definition, and every integer dot-product kernel on every SIMD path:
+//  - each element's integer weight, read back through one-hot activations,
+//    matches the reference dequantizer;
+//  - the per-block integer sums are exact (linear in the activations) and
+//    identical on every path, on quantizer output and on arbitrary bytes;
+//  - the float result is bit-identical across paths, within 1e-5 of the sum of
+//    |terms| of the exact value on the quantized activations, and within the
+//    derived activation-rounding bound of the exact value on the raw floats.
+// Fresh random data every run; the seed is printed.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+
+#include "base/fp16.h"
+#include "dot_test_util.h"
+#include "quant/blocks.h"
+
+namespace {
+
+using namespace tern;
+using namespace tern::quant;
+using namespace tern::dot_testing;
+
+// ---- activation quantization ------------------------------------------------
+
+TEST(ActQuant, EveryPathMatchesTheDefinition) {
+    std::mt19937 rng(seed());
+    SCOPED_TRACE("seed " + std::to_string(seed()));
+    const int64_t n = 32 * 301;
+    std::vector<float> x = random_acts(rng, n);
+    // Block 5: amax 127 makes d = 1, so these are exact rounding ties.
+    for (int i = 0; i < 32; ++i) x[size_t(160 + i)] = (i % 2 ? -1.0f : 1.0f) * (float(i) + 0.5f);
+    x[160 + 31] = 127.0f;
+    for (SimdPath path : available_paths()) {
+        SCOPED_TRACE(simd_path_name(path));
+        const std::vector<block_q8a> a = quantize_acts(x, path);
+        for (int64_t b = 0; b < n / 32; ++b) {
+            const float* xb = x.data() + 32 * b;
+            float amax = 0.0f;
+            for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(xb[i]));
+            const float d = amax / 127.0f;
+            ASSERT_EQ(bits_of(a[size_t(b)].d), bits_of(d)) << "block " << b;
+            int32_t sum = 0;
+            for (int i = 0; i < 32; ++i) {
+                const float r = d == 0.0f ? 0.0f : std::clamp(std::round(xb[i] / d), -127.0f, 127.0f);
+                ASSERT_EQ(int(a[size_t(b)].qs[i]), int(r)) << "block " << b << " element " << i << " x " << xb[i];
+                sum += int(r);
+            }
+            ASSERT_EQ(a[size_t(b)].sum, sum) << "block " << b;
+        }
+        // The ties rounded away from zero.
+        EXPECT_EQ(a[5].qs[0], 1);   // 0.5
+        EXPECT_EQ(a[5].qs[1], -2);  // -1.5
+        EXPECT_EQ(a[5].qs[30], 31);
+    }
+}
+
+TEST(ActQuant, ZeroAndSubnormalBlocksGiveZeros) {
+    std::vector<float> x(64, 0.0f);
+    x[40] = 1e-45f;  // amax / 127 underflows to 0
+    for (SimdPath path : available_paths()) {
+        const std::vector<block_q8a> a = quantize_acts(x, path);
+        for (const block_q8a& b : a) {
+            EXPECT_EQ(b.d, 0.0f);
+            EXPECT_EQ(b.sum, 0);
+            for (int8_t q : b.qs) EXPECT_EQ(q, 0);
+        }
+    }
+}
+
+// ---- integer sums -----------------------------------------------------------
+
+struct BlockScales {
+    double d, second;  // second: m (q4_1, q5_1) or dmin (q2_K, q4_K, q5_K); else 0
+};
+
+// Scales that block b (32 elements) of a row uses, read from the block structs.
+BlockScales scales_of(TensorType t, const uint8_t* row, int64_t b) {
+    auto h = [](uint16_t v) { return double(fp16_to_fp32(v)); };
+    switch (t) {
+    case TensorType::Q4_0: return {h(reinterpret_cast<const block_q4_0*>(row)[b].d), 0};
+    case TensorType::Q4_1: {
+        const auto& w = reinterpret_cast<const block_q4_1*>(row)[b];
+        return {h(w.d), h(w.m)};
+    }
+    case TensorType::Q5_0: return {h(reinterpret_cast<const block_q5_0*>(row)[b].d), 0};
+    case TensorType::Q5_1: {
+        const auto& w = reinterpret_cast<const block_q5_1*>(row)[b];
+        return {h(w.d), h(w.m)};
+    }
+    case TensorType::Q8_0: return {h(reinterpret_cast<const block_q8_0*>(row)[b].d), 0};
+    case TensorType::Q2_K: {
+        const auto& w = reinterpret_cast<const block_q2_K*>(row)[b / 8];
+        return {h(w.d), h(w.dmin)};
+    }
+    case TensorType::Q3_K: return {h(reinterpret_cast<const block_q3_K*>(row)[b / 8].d), 0};
+    case TensorType::Q4_K: {
+        const auto& w = reinterpret_cast<const block_q4_K*>(row)[b / 8];
+        return {h(w.d), h(w.dmin)};
+    }
+    case TensorType::Q5_K: {
+        const auto& w = reinterpret_cast<const block_q5_K*>(row)[b / 8];
+        return {h(w.d), h(w.dmin)};
+    }
+    case TensorType::Q6_K: return {h(reinterpret_cast<const block_q6_K*>(row)[b / 8].d), 0};
+    default: ADD_FAILURE() << "no scales for " << name(t); return {0, 0};
+    }
+}
+
+// The documented meaning of (w_sum, x_sum): w = d*A + m*X, or d*A - dmin*X, or d*A.
+double combine(TensorType t, const BlockScales& s, int64_t A, int64_t X) {
+    if (t == TensorType::Q4_1 || t == TensorType::Q5_1) return s.d * double(A) + s.second * double(X);
+    if (t == TensorType::Q2_K || t == TensorType::Q4_K || t == TensorType::Q5_K)
+        return s.d * double(A) - s.second * double(X);
+    return s.d * double(A);
+}
+
+// Integer sums of one row with one-hot activations at position p of every
+// block: unit[p][b] = (A, X) for element 32b + p.
+struct UnitResponse {
+    std::vector<int32_t> A, X;  // [p * nb + b]
+};
+
+UnitResponse unit_response(DotIntSumsFn sums, const uint8_t* row, int64_t k) {
+    const int64_t nb = k / 32;
+    UnitResponse u{std::vector<int32_t>(size_t(32 * nb)), std::vector<int32_t>(size_t(32 * nb))};
+    std::vector<block_q8a> a(static_cast<size_t>(nb));
+    for (int p = 0; p < 32; ++p) {
+        for (block_q8a& blk : a) {
+            blk = block_q8a{1.0f, 1, {}};
+            blk.qs[p] = 1;
+        }
+        sums(row, a.data(), k, u.A.data() + p * nb, u.X.data() + p * nb);
+    }
+    return u;
+}
+
+TEST(DotIntSums, OneHotActivationsReadBackEveryWeight) {
+    std::mt19937 rng(seed());
+    SCOPED_TRACE("seed " + std::to_string(seed()));
+    for (TensorType t : int_types()) {
+        for (int64_t k : row_lengths(t)) {
+            SCOPED_TRACE(name(t) + " k=" + std::to_string(k));
+            const std::vector<uint8_t> row = quantize(t, random_weights(rng, k));
+            const std::vector<float> w = dequantize(t, row.data(), k);
+            const int64_t nb = k / 32;
+            for (SimdPath path : available_paths()) {
+                SCOPED_TRACE(simd_path_name(path));
+                const UnitResponse u = unit_response(dot_int_sums_kernel(t, path), row.data(), k);
+                for (int64_t e = 0; e < k; ++e) {
+                    const int64_t b = e / 32, p = e % 32;
+                    const int32_t A = u.A[size_t(p * nb + b)], X = u.X[size_t(p * nb + b)];
+                    const BlockScales s = scales_of(t, row.data(), b);
+                    const double got = combine(t, s, A, X);
+                    const double tol = 2e-6 * (std::fabs(s.d * A) + std::fabs(s.second * X)) + 1e-30;
+                    ASSERT_NEAR(got, double(w[size_t(e)]), tol) << "element " << e << " A " << A << " X " << X;
+                }
+            }
+        }
+    }
+}
+
+// Exact check of one path's sums on activations a against the unit responses.
+void expect_linear(DotIntSumsFn sums, const uint8_t* row, const std::vector<block_q8a>& a, int64_t k,
+                   const UnitResponse& u, std::vector<int32_t>* A_out, std::vector<int32_t>* X_out) {
+    const int64_t nb = k / 32;
+    std::vector<int32_t> A(static_cast<size_t>(nb)), X(static_cast<size_t>(nb));
+    sums(row, a.data(), k, A.data(), X.data());
+    for (int64_t b = 0; b < nb; ++b) {
+        int64_t ea = 0, ex = 0;
+        for (int p = 0; p < 32; ++p) {
+            ea += int64_t(a[size_t(b)].qs[p]) * u.A[size_t(p * nb + b)];
+            ex += int64_t(a[size_t(b)].qs[p]) * u.X[size_t(p * nb + b)];
+        }
+        ASSERT_EQ(A[size_t(b)], ea) << "w_sum of block " << b;
+        ASSERT_EQ(X[size_t(b)], ex) << "x_sum of block " << b;
+    }
+    *A_out = A;
+    *X_out = X;
+}
+
+TEST(DotIntSums, ExactAndIdenticalOnEveryPath) {
+    std::mt19937 rng(seed());
+    SCOPED_TRACE("seed " + std::to_string(seed()));
+    for (TensorType t : int_types()) {
+        for (int64_t k : row_lengths(t)) {
+            SCOPED_TRACE(name(t) + " k=" + std::to_string(k));
+            const std::vector<uint8_t> row = quantize(t, random_weights(rng, k));
+            const UnitResponse u = unit_response(dot_int_sums_kernel(t, SimdPath::scalar), row.data(), k);
+            for (int rep = 0; rep < 3; ++rep) {
+                const std::vector<block_q8a> a = quantize_acts(random_acts(rng, k));
+                std::vector<int32_t> A0, X0;
+                for (SimdPath path : available_paths()) {
+                    SCOPED_TRACE(simd_path_name(path));
+                    std::vector<int32_t> A, X;
+                    expect_linear(dot_int_sums_kernel(t, path), row.data(), a, k, u, &A, &X);
+                    if (path == SimdPath::scalar) {
+                        A0 = A, X0 = X;
+                    } else {
+                        EXPECT_EQ(A, A0);
+                        EXPECT_EQ(X, X0);
+                    }
+                }
+            }
+        }
+    }
+}
+
+// Any bytes at all (every scale, every -128, NaN halves): sums still exact and
+// identical, floats identical wherever they are finite.
+TEST(DotIntSums, ArbitraryBytesAgreeAcrossPaths) {
+    std::mt19937 rng(seed() + 1);
+    SCOPED_TRACE("seed " + std::to_string(seed()));
+    std::uniform_int_distribution<int> byte(0, 255), act(-127, 127);
+    for (TensorType t : int_types()) {
+        for (int64_t k : row_lengths(t)) {
+            SCOPED_TRACE(name(t) + " k=" + std::to_string(k));
+            std::vector<uint8_t> row(row_bytes(t, k));
+            for (uint8_t& v : row) v = uint8_t(byte(rng));
+            std::vector<block_q8a> a(static_cast<size_t>(k / 32));
+            for (block_q8a& blk : a) {
+                blk.d = std::ldexp(float(act(rng) + 128), -10);
+                blk.sum = 0;
+                for (int8_t& q : blk.qs) blk.sum += (q = int8_t(act(rng)));
+            }
+            const UnitResponse u = unit_response(dot_int_sums_kernel(t, SimdPath::scalar), row.data(), k);
+            float ref = 0.0f;
+            for (SimdPath path : available_paths()) {
+                SCOPED_TRACE(simd_path_name(path));
+                std::vector<int32_t> A, X;
+                expect_linear(dot_int_sums_kernel(t, path), row.data(), a, k, u, &A, &X);
+                const float r = dot_row_kernel(t, path)(row.data(), a.data(), k);
+                if (path == SimdPath::scalar) ref = r;
+                else if (std::isnan(ref)) EXPECT_TRUE(std::isnan(r));
+                else EXPECT_EQ(bits_of(r), bits_of(ref)) << r << " vs " << ref;
+            }
+        }
+    }
+}
+
+// ---- float results -------------------------------------------------------------
+
+TEST(DotRow, BitIdenticalAcrossPathsAndWithinStatedTolerances) {
+    std::mt19937 rng(seed() + 2);
+    SCOPED_TRACE("seed " + std::to_string(seed()));
+    for (TensorType t : int_types()) {
+        double worst_q = 0, worst_x = 0;  // error / tolerance, for the summary line
+        for (int64_t k : row_lengths(t)) {
+            SCOPED_TRACE(name(t) + " k=" + std::to_string(k));
+            for (int r = 0; r < 6; ++r) {
+                const std::vector<uint8_t> row = quantize(t, random_weights(rng, k));
+                const std::vector<float> w = dequantize(t, row.data(), k);
+                const std::vector<float> x = random_acts(rng, k);
+                const std::vector<block_q8a> a = quantize_acts(x);
+                const float ref = dot_row_kernel(t, SimdPath::scalar)(row.data(), a.data(), k);
+                for (SimdPath path : available_paths()) {
+                    const float got = dot_row_kernel(t, path)(row.data(), a.data(), k);
+                    ASSERT_EQ(bits_of(got), bits_of(ref)) << simd_path_name(path) << ": " << got << " vs " << ref;
+                }
+                // Exact value on the quantized activations; tolerance 1e-5 of sum |terms|.
+                // Against the raw activations: each |x - d*q| <= d/2 (plus the rounding of x/d).
+                double exact_q = 0, abs_q = 0, exact_x = 0, act_bound = 0;
+                for (int64_t i = 0; i < k; ++i) {
+                    const block_q8a& blk = a[size_t(i / 32)];
+                    const double xq = double(blk.d) * blk.qs[i % 32];
+                    exact_q += double(w[size_t(i)]) * xq;
+                    abs_q += std::fabs(double(w[size_t(i)]) * xq);
+                    exact_x += double(w[size_t(i)]) * double(x[size_t(i)]);
+                    act_bound += std::fabs(double(w[size_t(i)])) * (0.5 + 1e-5) * double(blk.d);
+                }
+                const double tol_q = 1e-5 * abs_q + 1e-30;
+                const double tol_x = act_bound + tol_q;
+                EXPECT_NEAR(double(ref), exact_q, tol_q);
+                EXPECT_NEAR(double(ref), exact_x, tol_x);
+                worst_q = std::max(worst_q, std::fabs(double(ref) - exact_q) / tol_q);
+                worst_x = std::max(worst_x, std::fabs(double(ref) - exact_x) / tol_x);
+            }
+        }
+        std::printf("  %-5s worst error / tolerance: %.3g on quantized activations, %.3g on raw\n",
+                    name(t).c_str(), worst_q, worst_x);
+    }
+}
+
+TEST(DotFloat, BitIdenticalAcrossPathsAndWithinTheSummationBound) {
+    std::mt19937 rng(seed() + 3);
+    SCOPED_TRACE("seed " + std::to_string(seed()));
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (TensorType t : {TensorType::F32, TensorType::F16, TensorType::BF16}) {
+        for (int64_t k : {1, 15, 16, 17, 255, 4096, 4099}) {
+            SCOPED_TRACE(name(t) + " k=" + std::to_string(k));
+            std::vector<float> src(static_cast<size_t>(k)), x(static_cast<size_t>(k));
+            for (float& v : src) v = normal(rng);
+            for (float& v : x) v = normal(rng) * (rng() % 50 == 0 ? 30.0f : 1.0f);
+            const std::vector<uint8_t> row = quantize(t, src);
+            const std::vector<float> w = dequantize(t, row.data(), k);
+            const float ref = dot_float_kernel(t, SimdPath::scalar)(row.data(), x.data(), k);
+            for (SimdPath path : available_paths()) {
+                const float got = dot_float_kernel(t, path)(row.data(), x.data(), k);
+                ASSERT_EQ(bits_of(got), bits_of(ref)) << simd_path_name(path);
+            }
+            // 16 lanes of about k/16 additions, a 4-level fold, one rounded product each.
+            double exact = 0, abs_sum = 0;
+            for (int64_t i = 0; i < k; ++i) {
+                exact += double(w[size_t(i)]) * x[size_t(i)];
+                abs_sum += std::fabs(double(w[size_t(i)]) * x[size_t(i)]);
+            }
+            const double u = std::ldexp(1.0, -24);
+            EXPECT_NEAR(double(ref), exact, 1.01 * double((k + 15) / 16 + 5) * u * abs_sum);
+        }
+    }
+}
+
+TEST(DotKernels, TableCoversExactlyTheSupportedTypes) {
+    for (TensorType t : int_types()) {
+        EXPECT_TRUE(dot_int_type(t)) << name(t);
+        for (SimdPath p : available_paths()) {
+            EXPECT_NE(dot_row_kernel(t, p), nullptr) << name(t) << " " << simd_path_name(p);
+            EXPECT_NE(dot_int_sums_kernel(t, p), nullptr);
+            EXPECT_EQ(dot_float_kernel(t, p), nullptr);
+        }
+    }
+    for (TensorType t : {TensorType::F32, TensorType::F16, TensorType::BF16}) {
+        EXPECT_TRUE(dot_float_type(t));
+        EXPECT_FALSE(dot_int_type(t));
+        EXPECT_EQ(dot_row_kernel(t, SimdPath::scalar), nullptr);
+        EXPECT_NE(dot_float_kernel(t, SimdPath::scalar), nullptr);
+    }
+    for (TensorType t : {TensorType::Q8_1, TensorType::Q8_K, TensorType::IQ2_XXS, TensorType::I32}) {
+        EXPECT_FALSE(dot_int_type(t));
+        EXPECT_FALSE(dot_float_type(t));
+        EXPECT_EQ(dot_row_kernel(t, SimdPath::scalar), nullptr);
+    }
+    EXPECT_TRUE(simd_path_available(SimdPath::scalar));
+    EXPECT_TRUE(simd_path_available(simd_path_best()));
+    EXPECT_FALSE(simd_path_available(SimdPath(7)));
+    std::printf("  best SIMD path here: %s\n", simd_path_name(simd_path_best()));
+}
+
+}  // namespace
