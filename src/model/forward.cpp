@@ -1,0 +1,118 @@
+// The llama-family forward pass (see forward.h). Each step is one backend call;
+// the comments give the math.
+#include "model/forward.h"
+
+#include <cmath>
+#include <string>
+
+namespace tern::model {
+
+using backend::Tensor;
+
+backend::KvCacheShape Forward::kv_shape(const Model& model, int n_slots, int n_ctx) {
+    backend::KvCacheShape s;
+    s.n_layers = model.hp.n_layer;
+    s.n_slots = n_slots;
+    s.n_ctx = n_ctx;
+    s.n_kv_heads = model.hp.n_head_kv;
+    s.head_dim = model.hp.head_dim;
+    return s;
+}
+
+Result<std::unique_ptr<Forward>> Forward::create(const Model& model, backend::Backend& be, int max_tokens,
+                                                 int n_slots, int n_ctx) {
+    if (max_tokens < 1) return Error{"forward: max_tokens must be at least 1"};
+    if (n_slots < 1 || n_ctx < 1) return Error{"forward: the KV cache needs at least one slot and one position"};
+    std::unique_ptr<Forward> f(new Forward(model, be, max_tokens));
+    f->kv_ = kv_shape(model, n_slots, n_ctx);
+    if (Status s = be.init_kv_cache(f->kv_); !s.ok()) return Error{s.message()};
+    const Hparams& h = model.hp;
+    const int64_t n = max_tokens;
+    struct Want { Tensor* t; int64_t cols; };
+    const Want wants[] = {
+        {&f->x_, h.n_embd},   {&f->h_, h.n_embd},
+        {&f->q_, int64_t(h.n_head) * h.head_dim},
+        {&f->k_, int64_t(h.n_head_kv) * h.head_dim},
+        {&f->v_, int64_t(h.n_head_kv) * h.head_dim},
+        {&f->att_, int64_t(h.n_head) * h.head_dim},
+        {&f->gate_, h.n_ff},  {&f->up_, h.n_ff},
+        {&f->sel_, h.n_embd}, {&f->logits_, h.n_vocab},
+    };
+    for (const Want& w : wants) {
+        auto t = be.alloc(n, w.cols);
+        if (!t.ok()) return Error{"forward workspace: " + t.error().message};
+        *w.t = *t;
+    }
+    return f;
+}
+
+Status Forward::run(const Batch& batch, std::vector<float>& logits) {
+    const Hparams& h = m_.hp;
+    const int64_t n = int64_t(batch.size());
+    if (n == 0) return Error{"forward: empty batch"};
+    if (n > max_tokens_)
+        return Error{"forward: batch of " + std::to_string(n) + " tokens exceeds the workspace of " +
+                     std::to_string(max_tokens_)};
+    if (batch.pos.size() != batch.tokens.size() || batch.slot.size() != batch.tokens.size())
+        return Error{"forward: batch arrays differ in length"};
+    for (int32_t t : batch.tokens)
+        if (t < 0 || t >= h.n_vocab) return Error{"forward: token id " + std::to_string(t) + " is outside the vocabulary"};
+    for (size_t i = 0; i < batch.size(); ++i) {
+        if (batch.slot[i] < 0 || batch.slot[i] >= kv_.n_slots)
+            return Error{"forward: KV slot " + std::to_string(batch.slot[i]) + " does not exist"};
+        if (batch.pos[i] < 0 || batch.pos[i] >= kv_.n_ctx)
+            return Error{"forward: position " + std::to_string(batch.pos[i]) + " is outside the context of " +
+                         std::to_string(kv_.n_ctx)};
+    }
+    for (int32_t i : batch.logits_for)
+        if (i < 0 || i >= n) return Error{"forward: logits row " + std::to_string(i) + " is outside the batch"};
+
+    auto rows = [n](Tensor t) { t.rows = n; return t; };
+    Tensor x = rows(x_), hbuf = rows(h_), q = rows(q_), k = rows(k_), v = rows(v_), att = rows(att_);
+    Tensor gate = rows(gate_), up = rows(up_);
+    backend::RopeParams rope = h.rope;
+    if (m_.rope_freqs) rope.freq_factors = &m_.rope_freqs;
+    const float scale = 1.0f / std::sqrt(float(h.head_dim));
+
+    be_.set_batch(backend::BatchLayout{batch.slot, batch.pos});
+    // x = embedding rows of the tokens
+    be_.embed(m_.token_embd, batch.tokens, x);
+    for (int il = 0; il < h.n_layer; ++il) {
+        const Layer& L = m_.layers[size_t(il)];
+        // attention block: x += Wo · attn(rope(Wq·n(x)), rope(Wk·n(x)), Wv·n(x))
+        be_.rms_norm(x, L.attn_norm, h.norm_eps, hbuf);
+        be_.matmul(L.wq, hbuf, q, L.bq ? &L.bq : nullptr);
+        be_.matmul(L.wk, hbuf, k, L.bk ? &L.bk : nullptr);
+        be_.matmul(L.wv, hbuf, v, L.bv ? &L.bv : nullptr);
+        be_.rope(q, h.n_head, h.head_dim, rope);
+        be_.rope(k, h.n_head_kv, h.head_dim, rope);
+        be_.kv_store(il, k, v);
+        be_.attention(il, q, h.n_head, scale, att);
+        be_.matmul(L.wo, att, hbuf);
+        be_.add(x, hbuf);
+        // feed-forward block: x += W_down · (silu(W_gate·n(x)) * W_up·n(x))
+        be_.rms_norm(x, L.ffn_norm, h.norm_eps, hbuf);
+        be_.matmul(L.w_gate, hbuf, gate);
+        be_.matmul(L.w_up, hbuf, up);
+        be_.swiglu(gate, up);
+        be_.matmul(L.w_down, gate, hbuf);
+        be_.add(x, hbuf);
+    }
+    // logits for the selected tokens: W_out · n(x)
+    const int64_t m = int64_t(batch.logits_for.size());
+    logits.assign(size_t(m) * size_t(h.n_vocab), 0.0f);
+    if (m == 0) {
+        be_.synchronize();
+        return be_.take_error();
+    }
+    Tensor sel = sel_, out = logits_;
+    sel.rows = m;
+    out.rows = m;
+    be_.gather_rows(x, batch.logits_for, sel);
+    be_.rms_norm(sel, m_.output_norm, h.norm_eps, sel);
+    be_.matmul(m_.output, sel, out);
+    be_.download(out, logits.data());
+    return be_.take_error();
+}
+
+}  // namespace tern::model

@@ -1,0 +1,159 @@
+// Loading a llama-family model: hyperparameters from metadata, every tensor
+// checked for presence, type and shape before any backend sees it.
+#include "model/model.h"
+
+#include <cmath>
+#include <string>
+
+namespace tern::model {
+namespace {
+
+std::string key(const Hparams& hp, const char* suffix) { return hp.arch + "." + suffix; }
+
+Result<int> require_int(const gguf::File& f, const std::string& k, int lo, int hi) {
+    auto v = f.get_int(k);
+    if (!v) return Error{f.path() + ": metadata '" + k + "' is missing or not an integer"};
+    if (*v < lo || *v > hi)
+        return Error{f.path() + ": metadata '" + k + "' = " + std::to_string(*v) + " is out of range [" +
+                     std::to_string(lo) + ", " + std::to_string(hi) + "]"};
+    return int(*v);
+}
+
+int optional_int(const gguf::File& f, const std::string& k, int fallback) {
+    auto v = f.get_int(k);
+    return v ? int(*v) : fallback;
+}
+
+// Looks a tensor up and checks its type is usable and its shape is {ne0, ne1}
+// (ne1 == 0: a 1-D tensor of ne0).
+Result<const gguf::TensorInfo*> find_checked(const gguf::File& f, const std::string& name, int64_t ne0,
+                                             int64_t ne1, bool required = true) {
+    const gguf::TensorInfo* t = f.find_tensor(name);
+    if (!t) {
+        if (!required) return static_cast<const gguf::TensorInfo*>(nullptr);
+        return Error{f.path() + ": tensor '" + name + "' is missing"};
+    }
+    if (!tensor_type_supported(t->type_id))
+        return Error{f.path() + ": tensor '" + name + "' has unsupported tensor type " +
+                     tensor_type_name(t->type_id)};
+    const bool shape_ok = ne1 == 0 ? (t->n_elements == ne0 && t->ne[0] == ne0)
+                                   : (t->n_dims == 2 && t->ne[0] == ne0 && t->ne[1] == ne1);
+    if (!shape_ok)
+        return Error{f.path() + ": tensor '" + name + "' has shape " + t->shape_string() + ", expected [" +
+                     std::to_string(ne0) + (ne1 ? ", " + std::to_string(ne1) : std::string()) + "]"};
+    return t;
+}
+
+}  // namespace
+
+bool architecture_supported(const std::string& arch) { return arch == "llama" || arch == "qwen2"; }
+
+Result<Hparams> read_hparams(const gguf::File& f) {
+    Hparams hp;
+    auto arch = f.get_string("general.architecture");
+    if (!arch) return Error{f.path() + ": metadata 'general.architecture' is missing"};
+    hp.arch = *arch;
+    if (!architecture_supported(hp.arch))
+        return Error{f.path() + ": unsupported architecture '" + hp.arch + "' (tern runs: llama, qwen2)"};
+
+    constexpr int kBig = 1 << 24;
+    auto n_embd = require_int(f, key(hp, "embedding_length"), 1, kBig);
+    auto n_layer = require_int(f, key(hp, "block_count"), 1, 4096);
+    auto n_ff = require_int(f, key(hp, "feed_forward_length"), 1, kBig);
+    auto n_head = require_int(f, key(hp, "attention.head_count"), 1, 4096);
+    if (!n_embd.ok()) return n_embd.error();
+    if (!n_layer.ok()) return n_layer.error();
+    if (!n_ff.ok()) return n_ff.error();
+    if (!n_head.ok()) return n_head.error();
+    hp.n_embd = *n_embd;
+    hp.n_layer = *n_layer;
+    hp.n_ff = *n_ff;
+    hp.n_head = *n_head;
+    hp.n_head_kv = optional_int(f, key(hp, "attention.head_count_kv"), hp.n_head);
+    if (hp.n_head_kv < 1 || hp.n_head % hp.n_head_kv != 0)
+        return Error{f.path() + ": attention.head_count_kv = " + std::to_string(hp.n_head_kv) +
+                     " does not divide head_count = " + std::to_string(hp.n_head)};
+    hp.head_dim = optional_int(f, key(hp, "attention.key_length"), hp.n_embd / hp.n_head);
+    if (hp.head_dim < 2 || hp.head_dim % 2 != 0 || hp.head_dim > 1024)
+        return Error{f.path() + ": head dimension " + std::to_string(hp.head_dim) + " is not usable"};
+    hp.n_ctx_train = optional_int(f, key(hp, "context_length"), 2048);
+    if (hp.n_ctx_train < 1) hp.n_ctx_train = 2048;
+
+    if (auto eps = f.get_float(key(hp, "attention.layer_norm_rms_epsilon"))) hp.norm_eps = float(*eps);
+    if (!(hp.norm_eps > 0.0f && hp.norm_eps < 1.0f))
+        return Error{f.path() + ": attention.layer_norm_rms_epsilon is not a small positive number"};
+
+    hp.rope.neox = hp.arch == "qwen2";
+    hp.rope.n_dims = optional_int(f, key(hp, "rope.dimension_count"), hp.head_dim);
+    if (hp.rope.n_dims < 2 || hp.rope.n_dims > hp.head_dim || hp.rope.n_dims % 2 != 0)
+        return Error{f.path() + ": rope.dimension_count = " + std::to_string(hp.rope.n_dims) +
+                     " does not fit head dimension " + std::to_string(hp.head_dim)};
+    if (auto base = f.get_float(key(hp, "rope.freq_base"))) hp.rope.freq_base = float(*base);
+    if (!(hp.rope.freq_base > 1.0f && std::isfinite(hp.rope.freq_base)))
+        return Error{f.path() + ": rope.freq_base must be a finite number above 1"};
+    if (auto type = f.get_string(key(hp, "rope.scaling.type")); type && *type != "none") {
+        if (*type != "linear")
+            return Error{f.path() + ": rope scaling '" + *type + "' is not supported (tern supports none, linear)"};
+        auto factor = f.get_float(key(hp, "rope.scaling.factor"));
+        if (!factor || !(*factor >= 1.0 && *factor < 1e6))
+            return Error{f.path() + ": rope.scaling.factor is missing or out of range"};
+        hp.rope.freq_scale = float(1.0 / *factor);
+    }
+
+    const gguf::TensorInfo* embd = f.find_tensor("token_embd.weight");
+    if (!embd) return Error{f.path() + ": tensor 'token_embd.weight' is missing"};
+    if (embd->n_dims != 2 || embd->ne[0] != hp.n_embd || embd->ne[1] < 1 || embd->ne[1] > kBig)
+        return Error{f.path() + ": tensor 'token_embd.weight' has shape " + embd->shape_string() +
+                     ", expected [" + std::to_string(hp.n_embd) + ", n_vocab]"};
+    hp.n_vocab = int(embd->ne[1]);
+    return hp;
+}
+
+Result<Model> load_model(const gguf::File& f, backend::Backend& be) {
+    auto hp = read_hparams(f);
+    if (!hp.ok()) return hp.error();
+    Model m;
+    m.hp = *hp;
+    const Hparams& h = m.hp;
+    const int64_t q_dim = int64_t(h.n_head) * h.head_dim;
+    const int64_t kv_dim = int64_t(h.n_head_kv) * h.head_dim;
+
+    Status failed;
+    auto reg = [&](backend::Weight& dst, const std::string& name, int64_t ne0, int64_t ne1, bool required = true) {
+        if (!failed.ok()) return;
+        auto t = find_checked(f, name, ne0, ne1, required);
+        if (!t.ok()) { failed = t.error(); return; }
+        if (*t == nullptr) return;
+        auto w = be.register_weight(**t);
+        if (!w.ok()) { failed = w.error(); return; }
+        dst = std::move(*w);
+    };
+
+    reg(m.token_embd, "token_embd.weight", h.n_embd, h.n_vocab);
+    reg(m.output_norm, "output_norm.weight", h.n_embd, 0);
+    reg(m.output, "output.weight", h.n_embd, h.n_vocab, /*required=*/false);
+    if (failed.ok() && !m.output) m.output = m.token_embd;  // tied embeddings
+    reg(m.rope_freqs, "rope_freqs.weight", h.rope.n_dims / 2, 0, /*required=*/false);
+    m.layers.resize(size_t(h.n_layer));
+    for (int i = 0; i < h.n_layer && failed.ok(); ++i) {
+        Layer& L = m.layers[size_t(i)];
+        const std::string p = "blk." + std::to_string(i) + ".";
+        reg(L.attn_norm, p + "attn_norm.weight", h.n_embd, 0);
+        reg(L.wq, p + "attn_q.weight", h.n_embd, q_dim);
+        reg(L.wk, p + "attn_k.weight", h.n_embd, kv_dim);
+        reg(L.wv, p + "attn_v.weight", h.n_embd, kv_dim);
+        const bool biases = h.arch == "qwen2";
+        reg(L.bq, p + "attn_q.bias", q_dim, 0, biases);
+        reg(L.bk, p + "attn_k.bias", kv_dim, 0, biases);
+        reg(L.bv, p + "attn_v.bias", kv_dim, 0, biases);
+        reg(L.wo, p + "attn_output.weight", q_dim, h.n_embd);
+        reg(L.ffn_norm, p + "ffn_norm.weight", h.n_embd, 0);
+        reg(L.w_gate, p + "ffn_gate.weight", h.n_embd, h.n_ff);
+        reg(L.w_up, p + "ffn_up.weight", h.n_embd, h.n_ff);
+        reg(L.w_down, p + "ffn_down.weight", h.n_ff, h.n_embd);
+    }
+    if (!failed.ok()) return Error{failed.message()};
+    return m;
+}
+
+}  // namespace tern::model

@@ -1,0 +1,63 @@
+// A loaded model: hyperparameters read from GGUF metadata and the weights of
+// each layer, registered with a backend. One struct serves the llama family
+// (Llama 2/3, Mistral, Qwen2, SmolLM2, TinyLlama); the forward pass is in
+// llama.cpp.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "base/result.h"
+#include "gguf/gguf.h"
+
+namespace tern::model {
+
+struct Hparams {
+    std::string arch;         // general.architecture: "llama", "qwen2", ...
+    int n_vocab = 0;
+    int n_embd = 0;
+    int n_layer = 0;
+    int n_head = 0;
+    int n_head_kv = 0;
+    int head_dim = 0;         // n_embd / n_head unless the file says otherwise
+    int n_ff = 0;
+    int n_ctx_train = 0;
+    float norm_eps = 1e-5f;
+    backend::RopeParams rope;  // freq_factors left null: the forward pass points it at Model::rope_freqs
+};
+
+struct Layer {
+    backend::Weight attn_norm;    // [n_embd]
+    backend::Weight wq;           // (n_embd -> n_head*head_dim)
+    backend::Weight wk;           // (n_embd -> n_head_kv*head_dim)
+    backend::Weight wv;           // (n_embd -> n_head_kv*head_dim)
+    backend::Weight bq, bk, bv;   // optional biases (qwen2)
+    backend::Weight wo;           // (n_head*head_dim -> n_embd)
+    backend::Weight ffn_norm;     // [n_embd]
+    backend::Weight w_gate;       // (n_embd -> n_ff)
+    backend::Weight w_up;         // (n_embd -> n_ff)
+    backend::Weight w_down;       // (n_ff -> n_embd)
+};
+
+struct Model {
+    Hparams hp;
+    backend::Weight token_embd;   // (n_vocab rows of n_embd)
+    backend::Weight output_norm;  // [n_embd]
+    backend::Weight output;       // (n_embd -> n_vocab); the embedding table when tied
+    backend::Weight rope_freqs;   // optional [head_dim/2]
+    std::vector<Layer> layers;
+};
+
+// Architectures the llama-family forward pass runs.
+bool architecture_supported(const std::string& arch);
+
+// Reads hyperparameters and checks every expected tensor's presence, type and
+// shape, without touching a backend.
+Result<Hparams> read_hparams(const gguf::File& file);
+
+// Registers every weight with the backend. The file must outlive the model.
+Result<Model> load_model(const gguf::File& file, backend::Backend& be);
+
+}  // namespace tern::model

@@ -1,0 +1,137 @@
+#include "tests/support/reference_forward.h"
+
+#include <cmath>
+#include <stdexcept>
+
+#include "quant/quant.h"
+
+namespace tern::ref {
+
+ReferenceForward::ReferenceForward(const gguf::File& file, const model::Hparams& hp)
+    : f_(file), hp_(hp), k_cache_(size_t(hp.n_layer)), v_cache_(size_t(hp.n_layer)) {}
+
+std::vector<float> ReferenceForward::weight(const std::string& name) const {
+    const gguf::TensorInfo* t = f_.find_tensor(name);
+    if (!t) return {};
+    std::vector<float> out(size_t(t->n_elements));
+    const int64_t row = t->ne[0], rows = t->n_elements / row;
+    const size_t rb = quant::row_bytes(t->type(), row);
+    for (int64_t r = 0; r < rows; ++r) {
+        Status s = quant::dequantize_row(t->type(), t->data + size_t(r) * rb, out.data() + r * row, row);
+        if (!s.ok()) throw std::runtime_error(s.message());
+    }
+    return out;
+}
+
+namespace {
+
+void rms_norm(std::vector<float>& x, const std::vector<float>& w, float eps) {
+    double ss = 0;
+    for (float v : x) ss += double(v) * v;
+    const double inv = 1.0 / std::sqrt(ss / double(x.size()) + eps);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = float(x[i] * inv) * w[i];
+}
+
+// y[r] = sum_k W[r][k] x[k], W rows of x.size()
+std::vector<float> matvec(const std::vector<float>& W, const std::vector<float>& x) {
+    const size_t cols = x.size(), rows = W.size() / cols;
+    std::vector<float> y(rows);
+    for (size_t r = 0; r < rows; ++r) {
+        double acc = 0;
+        for (size_t k = 0; k < cols; ++k) acc += double(W[r * cols + k]) * x[k];
+        y[r] = float(acc);
+    }
+    return y;
+}
+
+void rope(std::vector<float>& v, int n_heads, int head_dim, int pos, const backend::RopeParams& rp,
+          const std::vector<float>& factors) {
+    const int half = rp.n_dims / 2;
+    for (int h = 0; h < n_heads; ++h)
+        for (int i = 0; i < half; ++i) {
+            double freq = std::pow(double(rp.freq_base), -2.0 * i / rp.n_dims);
+            if (!factors.empty()) freq /= factors[size_t(i)];
+            const double a = double(pos) * rp.freq_scale * freq;
+            const int ia = h * head_dim + (rp.neox ? i : 2 * i);
+            const int ib = h * head_dim + (rp.neox ? i + half : 2 * i + 1);
+            const double x0 = v[size_t(ia)], x1 = v[size_t(ib)];
+            v[size_t(ia)] = float(x0 * std::cos(a) - x1 * std::sin(a));
+            v[size_t(ib)] = float(x0 * std::sin(a) + x1 * std::cos(a));
+        }
+}
+
+}  // namespace
+
+std::vector<std::vector<float>> ReferenceForward::run(const std::vector<int32_t>& tokens) {
+    const model::Hparams& h = hp_;
+    const int hd = h.head_dim, kvw = h.n_head_kv * hd;
+    const auto embd = weight("token_embd.weight");
+    auto out_w = weight("output.weight");
+    if (out_w.empty()) out_w = embd;
+    const auto out_norm = weight("output_norm.weight");
+    const auto factors = weight("rope_freqs.weight");
+    std::vector<std::vector<float>> logits;
+    std::vector<std::vector<float>> xs;
+    for (int32_t tok : tokens)
+        xs.emplace_back(embd.begin() + int64_t(tok) * h.n_embd, embd.begin() + int64_t(tok + 1) * h.n_embd);
+
+    for (int il = 0; il < h.n_layer; ++il) {
+        const std::string p = "blk." + std::to_string(il) + ".";
+        const auto an = weight(p + "attn_norm.weight"), fn = weight(p + "ffn_norm.weight");
+        const auto wq = weight(p + "attn_q.weight"), wk = weight(p + "attn_k.weight");
+        const auto wv = weight(p + "attn_v.weight"), wo = weight(p + "attn_output.weight");
+        const auto bq = weight(p + "attn_q.bias"), bk = weight(p + "attn_k.bias"), bv = weight(p + "attn_v.bias");
+        const auto wg = weight(p + "ffn_gate.weight"), wu = weight(p + "ffn_up.weight");
+        const auto wd = weight(p + "ffn_down.weight");
+        for (size_t t = 0; t < xs.size(); ++t) {
+            const int pos = n_past_ + int(t);
+            std::vector<float> hbuf = xs[t];
+            rms_norm(hbuf, an, h.norm_eps);
+            auto q = matvec(wq, hbuf), k = matvec(wk, hbuf), v = matvec(wv, hbuf);
+            for (size_t i = 0; i < bq.size(); ++i) q[i] += bq[i];
+            for (size_t i = 0; i < bk.size(); ++i) k[i] += bk[i];
+            for (size_t i = 0; i < bv.size(); ++i) v[i] += bv[i];
+            rope(q, h.n_head, hd, pos, h.rope, factors);
+            rope(k, h.n_head_kv, hd, pos, h.rope, factors);
+            auto& kc = k_cache_[size_t(il)];
+            auto& vc = v_cache_[size_t(il)];
+            kc.insert(kc.end(), k.begin(), k.end());
+            vc.insert(vc.end(), v.begin(), v.end());
+            std::vector<float> att(size_t(h.n_head) * hd, 0.0f);
+            const int n_pos = pos + 1, group = h.n_head / h.n_head_kv;
+            for (int hh = 0; hh < h.n_head; ++hh) {
+                const int kvh = hh / group;
+                std::vector<double> s(static_cast<size_t>(n_pos));
+                double mx = -INFINITY;
+                for (int j = 0; j < n_pos; ++j) {
+                    double d = 0;
+                    for (int i = 0; i < hd; ++i) d += double(q[size_t(hh * hd + i)]) * kc[size_t(j * kvw + kvh * hd + i)];
+                    s[size_t(j)] = d / std::sqrt(double(hd));
+                    mx = std::max(mx, s[size_t(j)]);
+                }
+                double sum = 0;
+                for (double& e : s) sum += (e = std::exp(e - mx));
+                for (int j = 0; j < n_pos; ++j)
+                    for (int i = 0; i < hd; ++i)
+                        att[size_t(hh * hd + i)] += float(s[size_t(j)] / sum * vc[size_t(j * kvw + kvh * hd + i)]);
+            }
+            const auto o = matvec(wo, att);
+            for (int i = 0; i < h.n_embd; ++i) xs[t][size_t(i)] += o[size_t(i)];
+            hbuf = xs[t];
+            rms_norm(hbuf, fn, h.norm_eps);
+            auto g = matvec(wg, hbuf);
+            const auto u = matvec(wu, hbuf);
+            for (size_t i = 0; i < g.size(); ++i) g[i] = float(g[i] / (1.0 + std::exp(-double(g[i]))) * u[i]);
+            const auto d = matvec(wd, g);
+            for (int i = 0; i < h.n_embd; ++i) xs[t][size_t(i)] += d[size_t(i)];
+        }
+    }
+    for (auto& x : xs) {
+        rms_norm(x, out_norm, h.norm_eps);
+        logits.push_back(matvec(out_w, x));
+    }
+    n_past_ += int(tokens.size());
+    return logits;
+}
+
+}  // namespace tern::ref

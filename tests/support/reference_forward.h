@@ -1,0 +1,31 @@
+// A straightforward f32 forward pass for the llama family, independent of the
+// backend code: every weight dequantized with the reference dequantizer, plain
+// loops, full softmax attention over an f32 cache. Slow and obvious on purpose:
+// the engine's forward pass is checked against it.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "gguf/gguf.h"
+#include "model/model.h"
+
+namespace tern::ref {
+
+class ReferenceForward {
+public:
+    // hp as read by model::read_hparams; the file must outlive this object.
+    ReferenceForward(const gguf::File& file, const model::Hparams& hp);
+
+    // Appends `tokens` to the single sequence and returns the logits of each (rows of n_vocab).
+    std::vector<std::vector<float>> run(const std::vector<int32_t>& tokens);
+
+private:
+    std::vector<float> weight(const std::string& name) const;  // dequantized, row-major
+    const gguf::File& f_;
+    model::Hparams hp_;
+    std::vector<std::vector<float>> k_cache_, v_cache_;  // per layer: [pos][n_kv*head_dim]
+    int n_past_ = 0;
+};
+
+}  // namespace tern::ref
