@@ -190,3 +190,53 @@ TEST(Forward, RejectsBadBatches) {
 }
 
 }  // namespace
+
+namespace {
+
+// A model file whose metadata names an architecture tern does not run.
+TEST(ModelLoad, UnknownArchitectureIsNamed) {
+    const std::string path = (std::filesystem::temp_directory_path() / "tern-unknown-arch.gguf").string();
+    gguf::Writer w;
+    w.set_string("general.architecture", "gpt9000");
+    ASSERT_TRUE(w.add_tensor("token_embd.weight", TensorType::F32, {8, 4}).ok());
+    ASSERT_TRUE(w.begin(path).ok());
+    std::vector<float> zeros(32, 0.5f);
+    ASSERT_TRUE(w.write_tensor_data(zeros.data(), zeros.size() * sizeof(float)).ok());
+    ASSERT_TRUE(w.finish().ok());
+    auto file = gguf::File::open(path);
+    ASSERT_TRUE(file.ok()) << file.error().message;
+    auto hp = model::read_hparams(**file);
+    ASSERT_FALSE(hp.ok());
+    EXPECT_NE(hp.error().message.find("unsupported architecture 'gpt9000'"), std::string::npos) << hp.error().message;
+    std::filesystem::remove(path);
+}
+
+// A llama file missing a layer tensor is rejected with the tensor's name.
+TEST(ModelLoad, MissingTensorIsNamed) {
+    const std::string path = write_model(Case{"tiny", quant::FileType::Q8_0, 0}, 11);
+    auto file = gguf::File::open(path);
+    ASSERT_TRUE(file.ok());
+    // Rewrite the file without blk.1.ffn_up.weight.
+    const std::string cut = path + ".cut.gguf";
+    gguf::Writer w;
+    for (const auto& kv : (*file)->metadata()) w.set(kv.key, kv.value);
+    std::vector<const gguf::TensorInfo*> keep;
+    for (const auto& t : (*file)->tensors())
+        if (t.name != "blk.1.ffn_up.weight") {
+            ASSERT_TRUE(w.add_tensor(t.name, t.type(), std::vector<int64_t>(t.ne, t.ne + t.n_dims)).ok());
+            keep.push_back(&t);
+        }
+    ASSERT_TRUE(w.begin(cut).ok());
+    for (const auto* t : keep) ASSERT_TRUE(w.write_tensor_data(t->data, t->n_bytes).ok());
+    ASSERT_TRUE(w.finish().ok());
+    auto cut_file = gguf::File::open(cut);
+    ASSERT_TRUE(cut_file.ok());
+    auto be = backend::make_cpu_backend(1);
+    auto m = model::load_model(**cut_file, *be);
+    ASSERT_FALSE(m.ok());
+    EXPECT_NE(m.error().message.find("'blk.1.ffn_up.weight' is missing"), std::string::npos) << m.error().message;
+    std::filesystem::remove(path);
+    std::filesystem::remove(cut);
+}
+
+}  // namespace
