@@ -11,10 +11,16 @@ int main(int argc, char** argv) {
     tern::tools::add_info_command(app);
     tern::tools::add_quantize_command(app);
     tern::tools::add_synth_command(app);
+    tern::tools::add_run_command(app);
+    tern::tools::add_chat_command(app);
+    tern::tools::add_perplexity_command(app);
+    tern::tools::add_bench_command(app);
+    tern::tools::add_serve_command(app);
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
-        return app.exit(e);
+        // Help and --version exit 0; every usage error exits 1 after CLI11's message.
+        return app.exit(e) == 0 ? 0 : 1;
     } catch (const std::exception& e) {
         std::fprintf(stderr, "tern: error: %s\n", e.what());
         return 1;

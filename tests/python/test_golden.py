@@ -37,7 +37,7 @@ def require_model():
 @pytest.mark.parametrize("case", GOLDEN["cases"], ids=lambda c: ("chat: " if c["chat"] else "") + c["prompt"][:24])
 def test_greedy_continuation_is_unchanged(case):
     require_model()
-    cmd = [str(TERN), "run", "-m", str(MODEL), "-p", case["prompt"], "-n", str(GOLDEN["tokens"]), "--temp", "0", "-t", "2"]
+    cmd = [str(TERN), "run", "-m", str(MODEL), "-p", case["prompt"], "-n", str(GOLDEN["tokens"]), "--temp", "0", "-t", "1"]
     if case["chat"]:
         cmd.append("--chat")
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -48,7 +48,7 @@ def test_greedy_continuation_is_unchanged(case):
 def test_perplexity_matches_llama_cpp():
     require_model()
     out = subprocess.run([str(TERN), "perplexity", "-m", str(MODEL), "-f", str(SOURCE / "tests" / "data" / "perplexity.txt"),
-                          "--ctx", "128", "-t", "2"], capture_output=True, text=True, timeout=900)
+                          "--ctx", "128", "-t", "1"], capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr
     m = re.search(r"PPL = ([0-9.]+)", out.stdout + out.stderr)
     assert m, out.stdout + out.stderr

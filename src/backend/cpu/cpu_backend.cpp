@@ -113,7 +113,7 @@ public:
 
     void kv_store(int layer, Tensor k, Tensor v) override {
         const int64_t width = int64_t(kv_shape_.n_kv_heads) * kv_shape_.head_dim;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (k.rows > 1)
         for (int64_t t = 0; t < k.rows; ++t) {
             const size_t at = kv_offset(layer, layout_.slot[size_t(t)], layout_.pos[size_t(t)]);
             for (int64_t i = 0; i < width; ++i) {
@@ -124,11 +124,18 @@ public:
     }
 
     void attention(int layer, Tensor q, int n_heads, float scale, Tensor out) override {
-#pragma omp parallel for schedule(dynamic, 1)
-        for (int64_t t = 0; t < q.rows; ++t) {
+        const KvCacheShape& s = kv_shape_;
+        const int group = n_heads / s.n_kv_heads;
+        const int64_t work = q.rows * n_heads;
+        // One (token, head) pair per iteration: decode has one token but many heads.
+#pragma omp parallel for schedule(dynamic, 1) if (work > 1 && layout_.pos[0] + q.rows > 64)
+        for (int64_t i = 0; i < work; ++i) {
+            const int64_t t = i / n_heads;
+            const int h = int(i % n_heads);
             const size_t at = kv_offset(layer, layout_.slot[size_t(t)], 0);
-            cpu::attention_row(q.row(t), k_.data() + at, v_.data() + at, layout_.pos[size_t(t)] + 1, n_heads,
-                               kv_shape_.n_kv_heads, kv_shape_.head_dim, scale, out.row(t));
+            cpu::attention_head(q.row(t) + int64_t(h) * s.head_dim, k_.data() + at, v_.data() + at,
+                                layout_.pos[size_t(t)] + 1, h / group, s.n_kv_heads, s.head_dim, scale,
+                                out.row(t) + int64_t(h) * s.head_dim);
         }
     }
 
@@ -136,7 +143,7 @@ public:
 
     void add(Tensor x, Tensor y) override {
         const int64_t n = x.rows * x.cols;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n >= (1 << 15))
         for (int64_t i = 0; i < n; ++i) x.data[i] += y.data[i];
     }
 

@@ -9,8 +9,12 @@
 
 namespace tern::backend::cpu {
 
+// Elementwise work below this many values is not worth waking threads for:
+// a decode step runs hundreds of these small ops per token.
+constexpr int64_t kParallelMin = 1 << 15;
+
 void rms_norm(const float* x, const float* w, float eps, float* out, int64_t rows, int64_t cols) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * cols >= kParallelMin)
     for (int64_t r = 0; r < rows; ++r) {
         const float* xr = x + r * cols;
         float* o = out + r * cols;
@@ -30,7 +34,7 @@ void rope(float* x, int64_t rows, int n_heads, int head_dim, const int32_t* pos,
         inv_freq[size_t(i)] = std::pow(double(rope.freq_base), -2.0 * i / double(rope.n_dims));
         if (freq_factors) inv_freq[size_t(i)] /= double(freq_factors[i]);
     }
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * n_heads * head_dim >= kParallelMin)
     for (int64_t t = 0; t < rows; ++t) {
         const double p = double(pos[t]) * double(rope.freq_scale);
         std::vector<float> c(static_cast<size_t>(half)), s(static_cast<size_t>(half));
@@ -54,40 +58,33 @@ void rope(float* x, int64_t rows, int n_heads, int head_dim, const int32_t* pos,
 }
 
 void swiglu(float* gate, const float* up, int64_t n) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
     for (int64_t i = 0; i < n; ++i) {
         const float g = gate[i];
         gate[i] = g / (1.0f + std::exp(-g)) * up[i];
     }
 }
 
-void attention_row(const float* q, const uint16_t* k, const uint16_t* v, int n_pos, int n_heads,
-                   int n_kv_heads, int head_dim, float scale, float* out) {
-    const int group = n_heads / n_kv_heads;
-    std::vector<float> acc(static_cast<size_t>(head_dim));
-    for (int h = 0; h < n_heads; ++h) {
-        const int kvh = h / group;
-        const float* qh = q + int64_t(h) * head_dim;
-        // Online softmax: running max m, running denominator l, running numerator acc.
-        float m = -INFINITY, l = 0.0f;
-        std::fill(acc.begin(), acc.end(), 0.0f);
-        for (int p = 0; p < n_pos; ++p) {
-            const uint16_t* kp = k + (int64_t(p) * n_kv_heads + kvh) * head_dim;
-            const uint16_t* vp = v + (int64_t(p) * n_kv_heads + kvh) * head_dim;
-            float dot = 0.0f;
-            for (int i = 0; i < head_dim; ++i) dot += qh[i] * fp16_to_fp32(kp[i]);
-            const float s = dot * scale;
-            const float m_new = std::max(m, s);
-            const float correction = std::exp(m - m_new);  // exp(-inf) = 0 on the first step
-            const float w = std::exp(s - m_new);
-            l = l * correction + w;
-            for (int i = 0; i < head_dim; ++i) acc[size_t(i)] = acc[size_t(i)] * correction + w * fp16_to_fp32(vp[i]);
-            m = m_new;
-        }
-        float* o = out + int64_t(h) * head_dim;
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        for (int i = 0; i < head_dim; ++i) o[i] = acc[size_t(i)] * inv;
+void attention_head(const float* q, const uint16_t* k, const uint16_t* v, int n_pos, int kv_head,
+                    int n_kv_heads, int head_dim, float scale, float* out) {
+    std::vector<float> acc(static_cast<size_t>(head_dim), 0.0f);
+    // Running max m, running denominator l, running numerator acc.
+    float m = -INFINITY, l = 0.0f;
+    for (int p = 0; p < n_pos; ++p) {
+        const uint16_t* kp = k + (int64_t(p) * n_kv_heads + kv_head) * head_dim;
+        const uint16_t* vp = v + (int64_t(p) * n_kv_heads + kv_head) * head_dim;
+        float dot = 0.0f;
+        for (int i = 0; i < head_dim; ++i) dot += q[i] * fp16_to_fp32(kp[i]);
+        const float s = dot * scale;
+        const float m_new = std::max(m, s);
+        const float correction = std::exp(m - m_new);  // exp(-inf) = 0 on the first step
+        const float w = std::exp(s - m_new);
+        l = l * correction + w;
+        for (int i = 0; i < head_dim; ++i) acc[size_t(i)] = acc[size_t(i)] * correction + w * fp16_to_fp32(vp[i]);
+        m = m_new;
     }
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    for (int i = 0; i < head_dim; ++i) out[i] = acc[size_t(i)] * inv;
 }
 
 }  // namespace tern::backend::cpu
