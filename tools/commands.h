@@ -12,5 +12,10 @@ std::string version_text();
 void add_info_command(CLI::App& app);
 void add_quantize_command(CLI::App& app);
 void add_synth_command(CLI::App& app);
+void add_run_command(CLI::App& app);
+void add_chat_command(CLI::App& app);
+void add_perplexity_command(CLI::App& app);
+void add_bench_command(CLI::App& app);
+void add_serve_command(CLI::App& app);
 
 }  // namespace tern::tools

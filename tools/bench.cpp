@@ -1,0 +1,364 @@
+// `tern bench -m MODEL`: prompt-processing and generation speed in the
+// conventions of llama-bench, so numbers can be set side by side: ppN
+// evaluates N random tokens in batches from an empty cache, tgN evaluates N
+// single tokens one after another from an empty cache; every combination of
+// the comma lists is run once as a warm-up and then -r times, and t/s is the
+// mean ± standard deviation over the runs. Tokenization and sampling are not
+// part of what is timed: the tokens are random valid ids drawn beforehand.
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "quant/mix.h"
+#include "tools/commands.h"
+#include "tools/common_options.h"
+#include "tools/fail.h"
+
+namespace tern::tools {
+namespace {
+
+constexpr const char* kCmd = "bench";
+
+struct BenchCliOptions {
+    ModelFlags model;  // threads/ctx/batch there are unused: bench takes lists
+    std::string pp = "512";
+    std::string tg = "128";
+    std::string threads;  // empty: all cores
+    std::string batch = "512";
+    int reps = 5;
+    std::string output = "md";
+};
+
+struct ModelInfo {
+    std::string filename;
+    std::string type;      // "llama 135M Q4_1"
+    uint64_t size = 0;     // bytes of tensor data
+    uint64_t n_params = 0;
+    std::string backend;
+};
+
+struct TestRun {
+    std::string name;  // "pp512", "tg128"
+    int n_prompt = 0, n_gen = 0, threads = 0, batch = 0;
+    std::vector<double> ns;  // per repetition
+    std::vector<double> ts;  // tokens per second per repetition
+    uint64_t peak_rss = 0;   // bytes, after the test
+};
+
+std::vector<int> parse_list(const std::string& flag, const std::string& text, int min_value) {
+    std::vector<int> out;
+    size_t pos = 0;
+    while (pos <= text.size()) {
+        const size_t comma = std::min(text.find(',', pos), text.size());
+        const std::string item = text.substr(pos, comma - pos);
+        size_t used = 0;
+        int v = 0;
+        try {
+            v = std::stoi(item, &used);
+        } catch (const std::exception&) {
+            used = 0;
+        }
+        if (item.empty() || used != item.size())
+            fail(kCmd, flag + ": '" + item + "' is not an integer (expected a comma-separated list like 512,2048)");
+        if (v < min_value) fail(kCmd, flag + ": " + item + " is below " + std::to_string(min_value));
+        out.push_back(v);
+        pos = comma + 1;
+    }
+    return out;
+}
+
+uint64_t peak_rss_bytes() {
+    struct rusage ru {};
+    getrusage(RUSAGE_SELF, &ru);
+    return uint64_t(ru.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+std::string size_label_of(const gguf::File& f, uint64_t n_params) {
+    if (auto label = f.get_string("general.size_label"); label && !label->empty()) return *label;
+    char buf[32];
+    const double p = double(n_params);
+    if (p < 1e9) std::snprintf(buf, sizeof buf, "%.0fM", p / 1e6);
+    else if (p < 10e9) std::snprintf(buf, sizeof buf, "%.1fB", p / 1e9);
+    else std::snprintf(buf, sizeof buf, "%.0fB", p / 1e9);
+    return buf;
+}
+
+ModelInfo describe_model(runtime::Engine& e, const std::string& path) {
+    ModelInfo m;
+    m.filename = path;
+    for (const gguf::TensorInfo& t : e.file().tensors()) {
+        m.size += t.n_bytes;
+        m.n_params += uint64_t(t.n_elements);
+    }
+    std::string ftype = "?";
+    if (auto id = e.file().get_int("general.file_type"); id && *id >= 0 && *id <= int64_t(UINT32_MAX))
+        ftype = quant::file_type_name(uint32_t(*id)).value_or("?");
+    m.type = e.model().hp.arch + " " + size_label_of(e.file(), m.n_params) + " " + ftype;
+    m.backend = e.backend().name();
+    return m;
+}
+
+std::string format_size(uint64_t bytes) {
+    char buf[32];
+    const double mib = double(bytes) / (1024.0 * 1024.0);
+    if (mib < 1024.0) std::snprintf(buf, sizeof buf, "%.2f MiB", mib);
+    else std::snprintf(buf, sizeof buf, "%.2f GiB", mib / 1024.0);
+    return buf;
+}
+
+std::string format_params(uint64_t n) {
+    char buf[32];
+    if (n < 1000000000ull) std::snprintf(buf, sizeof buf, "%.2f M", double(n) / 1e6);
+    else std::snprintf(buf, sizeof buf, "%.2f B", double(n) / 1e9);
+    return buf;
+}
+
+double mean_of(const std::vector<double>& v) {
+    double s = 0;
+    for (double x : v) s += x;
+    return v.empty() ? 0 : s / double(v.size());
+}
+
+// Sample standard deviation (n - 1); 0 for a single run.
+double stddev_of(const std::vector<double>& v) {
+    if (v.size() < 2) return 0;
+    const double m = mean_of(v);
+    double s = 0;
+    for (double x : v) s += (x - m) * (x - m);
+    return std::sqrt(s / double(v.size() - 1));
+}
+
+std::vector<int32_t> random_tokens(std::mt19937_64& rng, int n, int n_vocab) {
+    std::uniform_int_distribution<int32_t> pick(0, n_vocab - 1);
+    std::vector<int32_t> t(static_cast<size_t>(n));
+    for (int32_t& x : t) x = pick(rng);
+    return t;
+}
+
+// Nanoseconds to evaluate `tokens` from an empty cache in batches of `batch`,
+// with logits for the last token only (as a prompt is evaluated).
+double time_prompt(runtime::Engine& e, const std::vector<int32_t>& tokens, int batch) {
+    model::Forward& fwd = e.forward();
+    const size_t step = size_t(std::min(batch, fwd.max_tokens()));
+    std::vector<float> logits;
+    e.backend().clear_kv_slot(0);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < tokens.size(); i += step) {
+        model::Batch b;
+        const size_t n = std::min(step, tokens.size() - i);
+        for (size_t j = 0; j < n; ++j) b.add(tokens[i + j], int32_t(i + j), 0, i + j + 1 == tokens.size());
+        if (Status s = fwd.run(b, logits); !s.ok()) fail(kCmd, "forward pass: " + s.message());
+    }
+    return std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Nanoseconds to evaluate `tokens` one at a time from an empty cache, each
+// step producing logits (as generation does).
+double time_generation(runtime::Engine& e, const std::vector<int32_t>& tokens) {
+    model::Forward& fwd = e.forward();
+    std::vector<float> logits;
+    e.backend().clear_kv_slot(0);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < tokens.size(); ++i) {
+        model::Batch b;
+        b.add(tokens[i], int32_t(i), 0, true);
+        if (Status s = fwd.run(b, logits); !s.ok()) fail(kCmd, "forward pass: " + s.message());
+    }
+    return std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void run_test(runtime::Engine& e, TestRun& t, int reps, std::mt19937_64& rng) {
+    const text::Tokenizer& tok = e.tokenizer();
+    const int n_vocab = tok.n_vocab();
+    const int n = t.n_prompt > 0 ? t.n_prompt : t.n_gen;
+    for (int r = -1; r < reps; ++r) {  // r == -1: the warm-up, not recorded
+        std::vector<int32_t> tokens = random_tokens(rng, n, n_vocab);
+        // Both start the way a fresh sequence would.
+        if (tok.vocab().add_bos && tok.bos_id() >= 0) tokens[0] = tok.bos_id();
+        const double ns = t.n_prompt > 0 ? time_prompt(e, tokens, t.batch) : time_generation(e, tokens);
+        if (r < 0) continue;
+        t.ns.push_back(ns);
+        t.ts.push_back(ns > 0 ? double(n) * 1e9 / ns : 0);
+    }
+    t.peak_rss = peak_rss_bytes();
+}
+
+// Markdown in llama-bench's layout; the batch column only when it is not the default.
+struct MarkdownTable {
+    bool show_batch;
+    void header() const {
+        std::printf("| %-30s | %10s | %10s | %-10s | %7s |", "model", "size", "params", "backend", "threads");
+        if (show_batch) std::printf(" %7s |", "n_batch");
+        std::printf(" %15s | %20s |\n", "test", "t/s");
+        std::printf("| %s | %s: | %s: | %s | %s: |", std::string(30, '-').c_str(), std::string(9, '-').c_str(),
+                    std::string(9, '-').c_str(), std::string(10, '-').c_str(), std::string(6, '-').c_str());
+        if (show_batch) std::printf(" %s: |", std::string(6, '-').c_str());
+        std::printf(" %s: | %s: |\n", std::string(14, '-').c_str(), std::string(19, '-').c_str());
+    }
+    void row(const ModelInfo& m, const TestRun& t) const {
+        char ts[64];
+        std::snprintf(ts, sizeof ts, "%.2f ± %.2f", mean_of(t.ts), stddev_of(t.ts));
+        std::printf("| %-30s | %10s | %10s | %-10s | %7d |", m.type.c_str(), format_size(m.size).c_str(),
+                    format_params(m.n_params).c_str(), m.backend.c_str(), t.threads);
+        if (show_batch) std::printf(" %7d |", t.batch);
+        // "±" is two bytes in UTF-8 but one column wide: pad by one more.
+        std::printf(" %15s | %21s |\n", t.name.c_str(), ts);
+        std::fflush(stdout);
+    }
+};
+
+nlohmann::ordered_json to_json(const ModelInfo& m, const TestRun& t) {
+    nlohmann::ordered_json j;
+    j["build"] = std::string("tern ") + TERN_VERSION;
+    j["model_filename"] = m.filename;
+    j["model_type"] = m.type;
+    j["model_size"] = m.size;
+    j["model_n_params"] = m.n_params;
+    j["backend"] = m.backend;
+    j["n_threads"] = t.threads;
+    j["n_batch"] = t.batch;
+    j["test"] = t.name;
+    j["n_prompt"] = t.n_prompt;
+    j["n_gen"] = t.n_gen;
+    j["avg_ns"] = mean_of(t.ns);
+    j["stddev_ns"] = stddev_of(t.ns);
+    j["avg_ts"] = mean_of(t.ts);
+    j["stddev_ts"] = stddev_of(t.ts);
+    j["samples_ns"] = t.ns;
+    j["samples_ts"] = t.ts;
+    j["peak_rss_bytes"] = t.peak_rss;
+    return j;
+}
+
+std::string csv_field(const std::string& s) {
+    if (s.find_first_of(",\"\n ") == std::string::npos) return s;
+    std::string q = "\"";
+    for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+    return q + "\"";
+}
+
+std::string csv_row(const nlohmann::ordered_json& j) {
+    std::string line;
+    for (const auto& [key, v] : j.items()) {
+        std::string cell;
+        if (v.is_string()) {
+            cell = v.get<std::string>();
+        } else if (v.is_array()) {
+            for (const auto& x : v) cell += (cell.empty() ? "" : " ") + x.dump();
+        } else {
+            cell = v.dump();
+        }
+        line += (line.empty() ? "" : ",") + csv_field(cell);
+    }
+    return line;
+}
+
+void run_bench(const BenchCliOptions& o, const CLI::App& cmd) {
+    reject_extras(kCmd, cmd);
+    if (o.output != "md" && o.output != "json" && o.output != "csv")
+        fail(kCmd, "-o: unknown format '" + o.output + "' (choose md, json or csv)");
+    if (o.reps < 1) fail(kCmd, "-r must be at least 1 (got " + std::to_string(o.reps) + ")");
+    const std::vector<int> pps = parse_list("-p", o.pp, 0);
+    const std::vector<int> tgs = parse_list("-n", o.tg, 0);
+    const int all_cores = std::max(1, int(std::thread::hardware_concurrency()));
+    std::vector<int> threads = o.threads.empty() ? std::vector<int>{all_cores} : parse_list("-t", o.threads, 0);
+    for (int& t : threads)
+        if (t == 0) t = all_cores;
+    const std::vector<int> batches = parse_list("-b", o.batch, 1);
+    int n_ctx = 1;
+    bool any = false;
+    for (int n : pps) n_ctx = std::max(n_ctx, n), any = any || n > 0;
+    for (int n : tgs) n_ctx = std::max(n_ctx, n), any = any || n > 0;
+    if (!any) fail(kCmd, "nothing to measure: -p and -n are all 0");
+
+    const std::string path = resolve_model_path(kCmd, o.model.model);
+    const bool markdown = o.output == "md";
+    const MarkdownTable table{batches.size() > 1 || batches.front() != 512};
+    std::mt19937_64 rng(0x7e3b1c5d);  // fixed: every run of bench draws the same token ids
+    std::vector<TestRun> done;
+    ModelInfo info;
+    for (size_t ti = 0; ti < threads.size(); ++ti) {
+        ModelFlags mf = o.model;
+        mf.threads = threads[ti];
+        mf.batch = *std::max_element(batches.begin(), batches.end());
+        std::unique_ptr<runtime::Engine> engine = open_engine(kCmd, path, mf, n_ctx);
+        if (ti == 0) {
+            info = describe_model(*engine, path);
+            if (o.model.verbose) print_model_summary(*engine, path);
+            if (markdown) table.header();
+        }
+        for (int batch : batches) {
+            std::vector<TestRun> plan;
+            for (int n : pps)
+                if (n > 0) plan.push_back({"pp" + std::to_string(n), n, 0, threads[ti], batch, {}, {}, 0});
+            for (int n : tgs)
+                if (n > 0) plan.push_back({"tg" + std::to_string(n), 0, n, threads[ti], batch, {}, {}, 0});
+            for (TestRun& t : plan) {
+                if (o.model.verbose)
+                    std::fprintf(stderr, "bench: %s, %d threads, batch %d: 1 warm-up + %d runs\n", t.name.c_str(),
+                                 t.threads, t.batch, o.reps);
+                run_test(*engine, t, o.reps, rng);
+                if (markdown) table.row(info, t);
+                done.push_back(std::move(t));
+            }
+        }
+    }
+
+    const std::string build = std::string("tern ") + TERN_VERSION;
+    if (markdown) {
+        std::printf("\nbuild: %s, peak RSS %s\n", build.c_str(), format_size(peak_rss_bytes()).c_str());
+    } else if (o.output == "json") {
+        nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+        for (const TestRun& t : done) rows.push_back(to_json(info, t));
+        std::printf("%s\n", rows.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace).c_str());
+    } else {
+        bool first = true;
+        for (const TestRun& t : done) {
+            const nlohmann::ordered_json j = to_json(info, t);
+            if (first) {
+                std::string head;
+                for (const auto& [key, v] : j.items()) head += (head.empty() ? "" : ",") + key;
+                std::printf("%s\n", head.c_str());
+                first = false;
+            }
+            std::printf("%s\n", csv_row(j).c_str());
+        }
+    }
+    std::fflush(stdout);
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app) {
+    auto o = std::make_shared<BenchCliOptions>();
+    CLI::App* cmd = app.add_subcommand(
+        "bench", "Measure prompt-processing (ppN) and generation (tgN) speed, llama-bench style");
+    cmd->add_option("-m,--model", o->model.model,
+                    std::string("GGUF model file (default: $TERN_MODEL, else ") + kDefaultModelFile + ")")
+        ->type_name("FILE");
+    cmd->add_option("-p,--n-prompt", o->pp, "Prompt lengths to test, comma-separated; 0 = none (default 512)")
+        ->type_name("N,...");
+    cmd->add_option("-n,--n-gen", o->tg, "Generation lengths to test, comma-separated; 0 = none (default 128)")
+        ->type_name("N,...");
+    cmd->add_option("-t,--threads", o->threads, "Thread counts to test, comma-separated (default: all cores)")
+        ->type_name("N,...");
+    cmd->add_option("-b,--batch", o->batch, "Prompt batch sizes to test, comma-separated (default 512)")
+        ->type_name("N,...");
+    add_int_option(cmd, kCmd, "-r,--repetitions", o->reps, "Timed runs per test, after one warm-up (default 5)");
+    cmd->add_option("-o,--output", o->output, "Output format: md, json or csv (default md)")->type_name("FORMAT");
+    cmd->add_option("--backend", o->model.backend, "Compute backend (default cpu)")->type_name("NAME");
+    cmd->add_flag("-v,--verbose", o->model.verbose, "Print progress on stderr");
+    cmd->allow_extras();
+    cmd->callback([o, cmd] { run_bench(*o, *cmd); });
+}
+
+}  // namespace tern::tools

@@ -1,0 +1,126 @@
+// `tern run -m MODEL -p PROMPT`: one completion, streamed to stdout as it is
+// generated, then the prompt and generation speeds on stderr. With --chat the
+// prompt goes through the model's chat template first and the template's
+// end-of-turn strings stop the answer.
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "runtime/session.h"
+#include "tools/commands.h"
+#include "tools/common_options.h"
+#include "tools/fail.h"
+
+namespace tern::tools {
+namespace {
+
+constexpr const char* kCmd = "run";
+
+struct RunOptions {
+    ModelFlags model;
+    SamplingFlags sampling;
+    std::optional<std::string> prompt;
+    std::optional<std::string> prompt_file;
+    int n_predict = 128;
+    bool chat = false;
+    std::optional<std::string> system;
+    std::vector<std::string> stop;
+    bool ignore_eos = false;
+    bool no_special = false;
+};
+
+std::string read_prompt_file(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) fail(kCmd, "cannot open prompt file " + path);
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    if (in.bad()) fail(kCmd, "cannot read prompt file " + path);
+    return ss.str();
+}
+
+void run_run(const RunOptions& o, const CLI::App& cmd) {
+    reject_extras(kCmd, cmd);
+    if (o.prompt && o.prompt_file) fail(kCmd, "give the prompt with -p or -f, not both");
+    if (!o.prompt && !o.prompt_file) fail(kCmd, "no prompt: give one with -p TEXT or -f FILE");
+    if (o.n_predict < -1) fail(kCmd, "-n must be -1 (until the context is full) or more (got " + std::to_string(o.n_predict) + ")");
+    if (o.system && !o.chat) fail(kCmd, "--system needs --chat");
+    const runtime::SamplerParams sampling = finish_sampling(kCmd, o.sampling);
+    const std::string prompt = o.prompt ? *o.prompt : read_prompt_file(*o.prompt_file);
+
+    const std::string path = resolve_model_path(kCmd, o.model.model);
+    std::unique_ptr<runtime::Engine> engine = open_engine(kCmd, path, o.model, o.model.ctx);
+    const text::Tokenizer& tok = engine->tokenizer();
+    if (o.model.verbose) {
+        print_model_summary(*engine, path);
+        std::fprintf(stderr, "seed: %llu\n", static_cast<unsigned long long>(sampling.seed));
+    }
+
+    runtime::GenerateOptions gen;
+    gen.max_tokens = o.n_predict;
+    gen.sampling = sampling;
+    gen.stop = o.stop;
+    gen.ignore_eos = o.ignore_eos;
+
+    std::vector<int32_t> tokens;
+    if (o.chat) {
+        const text::ChatTemplate tmpl = chat_template_of(kCmd, *engine);
+        std::vector<text::ChatMessage> messages;
+        if (o.system) messages.push_back({"system", *o.system});
+        messages.push_back({"user", prompt});
+        auto rendered = tokenize_chat(tok, tmpl, messages, true);
+        if (!rendered.ok()) fail(kCmd, "chat template: " + rendered.error().message);
+        tokens = std::move(rendered->tokens);
+        for (const std::string& s : text::chat_stop_strings(tmpl.family)) gen.stop.push_back(s);
+        if (o.model.verbose) std::fprintf(stderr, "rendered prompt:\n%s\n", rendered->text.c_str());
+    } else {
+        tokens = tokenize_prompt(tok, prompt, !o.no_special);
+    }
+    if (tokens.empty()) fail(kCmd, "the prompt is empty");
+    if (o.model.verbose) std::fprintf(stderr, "prompt: %zu tokens\n", tokens.size());
+
+    runtime::Session session(*engine);
+    install_interrupt_handler();
+    bool ends_with_newline = true;
+    auto stream = [&ends_with_newline](std::string_view piece) {
+        std::fwrite(piece.data(), 1, piece.size(), stdout);
+        std::fflush(stdout);
+        if (!piece.empty()) ends_with_newline = piece.back() == '\n';
+        return !interrupted();
+    };
+    auto result = session.generate(tokens, gen, stream);
+    if (!result.ok()) fail(kCmd, result.error().message);
+    if (!ends_with_newline) std::fputc('\n', stdout);
+    std::fflush(stdout);
+    print_timings(result->n_prompt, result->prompt_ms, result->n_generated, result->generate_ms);
+    if (o.model.verbose) std::fprintf(stderr, "finish reason: %s\n", runtime::finish_reason_name(result->finish));
+}
+
+}  // namespace
+
+void add_run_command(CLI::App& app) {
+    auto o = std::make_shared<RunOptions>();
+    CLI::App* cmd = app.add_subcommand("run", "Generate a completion for one prompt, streamed to stdout");
+    add_model_flags(cmd, kCmd, o->model, "Context size in tokens (default 0: the model's, at most 4096)");
+    cmd->add_option("-p,--prompt", o->prompt, "Prompt text")->type_name("TEXT");
+    cmd->add_option("-f,--file", o->prompt_file, "Read the prompt from this file")->type_name("FILE");
+    add_int_option(cmd, kCmd, "-n,--n-predict", o->n_predict, "Tokens to generate at most; -1 = until the context is full (default 128)");
+    add_sampling_flags(cmd, kCmd, o->sampling);
+    cmd->add_flag("--chat", o->chat, "Render the prompt as a user message through the model's chat template");
+    cmd->add_option("--system", o->system, "System message (with --chat)")->type_name("TEXT");
+    cmd->add_option("--stop", o->stop, "Stop when this text is generated (not printed); repeatable")
+        ->type_name("TEXT")
+        ->allow_extra_args(false);
+    cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past end-of-generation tokens");
+    cmd->add_flag("--no-special", o->no_special,
+                  "Tokenize text like <|im_start|> in the prompt as plain text (default: as the control token; "
+                  "--chat message contents are always plain)");
+    cmd->callback([o, cmd] { run_run(*o, *cmd); });
+}
+
+}  // namespace tern::tools
