@@ -1,0 +1,221 @@
+#include "server/request.h"
+
+#include <cmath>
+#include <limits>
+
+#include <nlohmann/json.hpp>
+
+namespace tern::server {
+namespace {
+
+using nlohmann::json;
+
+// Thrown inside the parser only; parse_request turns it into a value.
+struct Reject {
+    ApiError error;
+};
+
+[[noreturn]] void reject_field(const std::string& field, const std::string& what) {
+    throw Reject{ApiError{400, "'" + field + "' " + what, "invalid_request_error", field, "invalid_value"}};
+}
+
+const char* type_name(const json& v) {
+    switch (v.type()) {
+        case json::value_t::null: return "null";
+        case json::value_t::boolean: return "a boolean";
+        case json::value_t::string: return "a string";
+        case json::value_t::array: return "an array";
+        case json::value_t::object: return "an object";
+        default: return "a number";
+    }
+}
+
+double get_number(const json& body, const char* field) {
+    const json& v = body.at(field);
+    if (!v.is_number()) reject_field(field, std::string("must be a number, not ") + type_name(v));
+    return v.get<double>();
+}
+
+float get_float(const json& body, const char* field) {
+    const double d = get_number(body, field);
+    if (!std::isfinite(d) || std::fabs(d) > 1e30) reject_field(field, "is out of range");
+    return float(d);
+}
+
+int64_t get_integer(const json& body, const char* field, int64_t lo, int64_t hi) {
+    const json& v = body.at(field);
+    if (!v.is_number_integer() && !(v.is_number_float() && std::nearbyint(v.get<double>()) == v.get<double>()))
+        reject_field(field, std::string("must be an integer, not ") + type_name(v));
+    const double d = v.get<double>();
+    if (!(d >= double(lo) && d <= double(hi)))
+        reject_field(field, "must be between " + std::to_string(lo) + " and " + std::to_string(hi));
+    if (v.is_number_unsigned()) return int64_t(std::min<uint64_t>(v.get<uint64_t>(), uint64_t(hi)));
+    if (v.is_number_integer()) return v.get<int64_t>();
+    return int64_t(d);
+}
+
+bool present(const json& body, const char* field) {
+    auto it = body.find(field);
+    return it != body.end() && !it->is_null();
+}
+
+// Message content: a string, or OpenAI's list of parts of which only text is supported.
+std::string message_content(const json& content, const std::string& field) {
+    if (content.is_string()) return content.get<std::string>();
+    if (content.is_null()) return {};
+    if (!content.is_array()) reject_field(field, std::string("must be a string or an array of text parts, not ") + type_name(content));
+    std::string out;
+    for (size_t i = 0; i < content.size(); ++i) {
+        const json& part = content[i];
+        const std::string pf = field + "[" + std::to_string(i) + "]";
+        if (!part.is_object()) reject_field(pf, "must be an object");
+        auto type = part.find("type");
+        if (type == part.end() || !type->is_string() || *type != "text")
+            reject_field(pf + ".type", "must be \"text\" (only text content is supported)");
+        auto text = part.find("text");
+        if (text == part.end() || !text->is_string()) reject_field(pf + ".text", "must be a string");
+        out += text->get<std::string>();
+    }
+    return out;
+}
+
+void parse_messages(const json& body, ParsedRequest& r) {
+    if (!present(body, "messages")) reject_field("messages", "is required");
+    const json& msgs = body.at("messages");
+    if (!msgs.is_array()) reject_field("messages", std::string("must be an array, not ") + type_name(msgs));
+    if (msgs.empty()) reject_field("messages", "must not be empty");
+    for (size_t i = 0; i < msgs.size(); ++i) {
+        const json& m = msgs[i];
+        const std::string f = "messages[" + std::to_string(i) + "]";
+        if (!m.is_object()) reject_field(f, std::string("must be an object, not ") + type_name(m));
+        auto role = m.find("role");
+        if (role == m.end() || !role->is_string()) reject_field(f + ".role", "must be a string");
+        const std::string role_s = role->get<std::string>();
+        if (role_s != "system" && role_s != "user" && role_s != "assistant" && role_s != "developer")
+            reject_field(f + ".role", "must be one of system, user, assistant (got \"" + role_s + "\")");
+        auto content = m.find("content");
+        const std::string text = content == m.end() ? std::string() : message_content(*content, f + ".content");
+        r.messages.push_back({role_s == "developer" ? "system" : role_s, text});
+    }
+}
+
+void parse_stop(const json& body, ParsedRequest& r) {
+    if (!present(body, "stop")) return;
+    const json& v = body.at("stop");
+    if (v.is_string()) {
+        if (!v.get<std::string>().empty()) r.stop.push_back(v.get<std::string>());
+        return;
+    }
+    if (!v.is_array()) reject_field("stop", std::string("must be a string or an array of strings, not ") + type_name(v));
+    if (v.size() > 16) reject_field("stop", "may hold at most 16 strings");
+    for (const json& s : v) {
+        if (!s.is_string()) reject_field("stop", "must be a string or an array of strings");
+        if (!s.get<std::string>().empty()) r.stop.push_back(s.get<std::string>());
+    }
+}
+
+void parse_sampling(const json& body, ParsedRequest& r, uint64_t default_seed) {
+    runtime::SamplerParams& p = r.sampling;
+    p.temperature = 1.0f;
+    p.top_p = 1.0f;
+    p.top_k = 0;
+    p.min_p = 0.0f;
+    p.repeat_penalty = 1.0f;
+    p.seed = default_seed;
+    if (present(body, "temperature")) p.temperature = get_float(body, "temperature");
+    if (present(body, "top_p")) p.top_p = get_float(body, "top_p");
+    if (present(body, "top_k")) p.top_k = int32_t(get_integer(body, "top_k", 0, std::numeric_limits<int32_t>::max()));
+    if (present(body, "min_p")) p.min_p = get_float(body, "min_p");
+    if (present(body, "presence_penalty")) p.presence_penalty = get_float(body, "presence_penalty");
+    if (present(body, "frequency_penalty")) p.frequency_penalty = get_float(body, "frequency_penalty");
+    if (present(body, "repeat_penalty")) p.repeat_penalty = get_float(body, "repeat_penalty");
+    if (present(body, "repeat_last_n"))
+        p.repeat_last_n = int32_t(get_integer(body, "repeat_last_n", 0, 1 << 20));
+    if (present(body, "seed")) {
+        const json& v = body.at("seed");
+        if (!v.is_number_integer()) reject_field("seed", std::string("must be an integer, not ") + type_name(v));
+        p.seed = v.is_number_unsigned() ? v.get<uint64_t>() : uint64_t(v.get<int64_t>());
+    }
+    if (Status s = p.validate(); !s.ok()) {
+        // validate() names the field in its message; find which for `param`.
+        std::string param;
+        for (const char* f : {"temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n",
+                              "presence_penalty", "frequency_penalty"})
+            if (s.message().find(f) != std::string::npos) {
+                param = f;
+                break;
+            }
+        throw Reject{ApiError{400, s.message(), "invalid_request_error", param, "invalid_value"}};
+    }
+}
+
+ParsedRequest parse_body(Endpoint endpoint, const json& body, uint64_t default_seed) {
+    if (!body.is_object())
+        throw Reject{ApiError{400, std::string("the request body must be a JSON object, not ") + type_name(body),
+                              "invalid_request_error", "", "invalid_json"}};
+    ParsedRequest r;
+    r.endpoint = endpoint;
+    if (present(body, "model")) {
+        if (!body.at("model").is_string()) reject_field("model", "must be a string");
+        r.model = body.at("model").get<std::string>();
+    }
+    if (endpoint == Endpoint::Chat) {
+        parse_messages(body, r);
+    } else {
+        if (!present(body, "prompt")) reject_field("prompt", "is required");
+        const json& p = body.at("prompt");
+        if (p.is_string()) {
+            r.prompt = p.get<std::string>();
+        } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
+            r.prompt = p[0].get<std::string>();
+        } else {
+            reject_field("prompt", "must be a string (one prompt per request)");
+        }
+        if (r.prompt.empty()) reject_field("prompt", "must not be empty");
+    }
+    const char* max_field = present(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+    if (present(body, max_field)) r.max_tokens = int(get_integer(body, max_field, 1, 1 << 24));
+    if (present(body, "n") && get_integer(body, "n", 1, 1 << 20) != 1) reject_field("n", "must be 1 (only one choice per request is supported)");
+    if (present(body, "stream")) {
+        if (!body.at("stream").is_boolean()) reject_field("stream", "must be a boolean");
+        r.stream = body.at("stream").get<bool>();
+    }
+    if (present(body, "stream_options")) {
+        const json& so = body.at("stream_options");
+        if (!so.is_object()) reject_field("stream_options", "must be an object");
+        if (present(so, "include_usage")) {
+            if (!so.at("include_usage").is_boolean()) reject_field("stream_options.include_usage", "must be a boolean");
+            r.include_usage = so.at("include_usage").get<bool>();
+        }
+    }
+    parse_stop(body, r);
+    parse_sampling(body, r, default_seed);
+    return r;
+}
+
+}  // namespace
+
+std::string error_body(const ApiError& e) {
+    json err = {{"message", e.message},
+                {"type", e.type},
+                {"param", e.param.empty() ? json(nullptr) : json(e.param)},
+                {"code", e.code.empty() ? json(nullptr) : json(e.code)}};
+    return json{{"error", err}}.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+ParseOutcome parse_request(Endpoint endpoint, std::string_view body, uint64_t default_seed) {
+    ParseOutcome out;
+    json doc = json::parse(body.begin(), body.end(), nullptr, false);
+    if (doc.is_discarded()) {
+        out.error = ApiError{400, "the request body is not valid JSON", "invalid_request_error", "", "invalid_json"};
+        return out;
+    }
+    try {
+        out.request = parse_body(endpoint, doc, default_seed);
+    } catch (const Reject& r) {
+        out.error = r.error;
+    }
+    return out;
+}
+
+}  // namespace tern::server

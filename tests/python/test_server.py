@@ -1,0 +1,347 @@
+"""End-to-end tests of `tern serve` on the default model: the official openai
+client against the OpenAI-compatible endpoints (chat and completions,
+streamed and not), the error answers a raw client gets for bad requests,
+API keys, client disconnects freeing their slot, concurrent streams giving
+the same greedy text as solo runs (continuous batching is batch-invariant),
+and a clean exit on SIGTERM. Small max_tokens keep it to a few minutes on two
+cores."""
+
+import http.client
+import json
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+SOURCE = Path(os.environ.get("TERN_SOURCE", Path(__file__).resolve().parents[2]))
+BUILD = Path(os.environ.get("TERN_BUILD", SOURCE / "build"))
+TERN = BUILD / "tern"
+MODEL = Path(os.environ.get("TERN_MODEL", SOURCE / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
+
+SEED = random.SystemRandom().randrange(1 << 32)
+RNG = random.Random(SEED)
+WORDS = ("river stone lamp orange quiet market winter seven garden copper violin cloud "
+         "harbor pencil thunder maple silver window rocket meadow").split()
+
+
+@pytest.fixture(autouse=True)
+def _print_seed():
+    print(f"test_server random seed: {SEED}")
+
+
+def random_text(n):
+    return " ".join(RNG.choice(WORDS) for _ in range(n))
+
+
+class TernServer:
+    """A `tern serve` process on a free loopback port (--port 0; the port is
+    read from its log line)."""
+
+    def __init__(self, *args):
+        if not TERN.exists():
+            pytest.fail(f"{TERN} not found: build tern first (scripts/setup or cmake --build)")
+        if not MODEL.exists():
+            pytest.fail(f"{MODEL} not found: run scripts/setup to download the default model")
+        self.proc = subprocess.Popen([str(TERN), "serve", "-m", str(MODEL), "--port", "0", "--threads", "2", *args],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.log = []
+        self.port = None
+        ready = threading.Event()
+
+        def reader():
+            for line in self.proc.stderr:
+                self.log.append(line)
+                m = re.search(r"listening on http://[^:]+:(\d+)", line)
+                if m:
+                    self.port = int(m.group(1))
+                    ready.set()
+            ready.set()
+
+        threading.Thread(target=reader, daemon=True).start()
+        if not ready.wait(30) or self.port is None:
+            self.stop()
+            pytest.fail("tern serve did not start:\n" + "".join(self.log))
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            status, _ = self.request("GET", "/health")
+            if status == 200:
+                return
+            time.sleep(0.1)
+        self.stop()
+        pytest.fail("tern serve never became healthy:\n" + "".join(self.log))
+
+    @property
+    def base(self):
+        return f"http://127.0.0.1:{self.port}"
+
+    def request(self, method, path, body=None, headers=None, raw=None):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+        try:
+            data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+            hdrs = {"Content-Type": "application/json", **(headers or {})}
+            conn.request(method, path, body=data, headers=hdrs)
+            resp = conn.getresponse()
+            text = resp.read().decode()
+            try:
+                return resp.status, json.loads(text)
+            except json.JSONDecodeError:
+                return resp.status, text
+        except (ConnectionError, OSError):
+            return None, None
+        finally:
+            conn.close()
+
+    def stop(self, sig=signal.SIGTERM):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                return self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = TernServer("--parallel", "8", "--ctx", "512", "--max-body", "65536")
+    yield s
+    assert s.stop() == 0, "".join(s.log)
+
+
+@pytest.fixture(scope="module")
+def keyed_server():
+    s = TernServer("--parallel", "1", "--ctx", "2048", "--api-key", "sesame")
+    yield s
+    assert s.stop() == 0, "".join(s.log)
+
+
+def openai_client(srv, key="unused"):
+    import openai  # the official client; scripts/setup installs it
+    return openai.OpenAI(base_url=srv.base + "/v1", api_key=key, max_retries=0, timeout=120)
+
+
+def sse_events(resp):
+    """The data payloads of a streamed http.client response."""
+    buf = b""
+    while True:
+        chunk = resp.read1(65536) if hasattr(resp, "read1") else resp.read(1)
+        if not chunk:
+            break
+        buf += chunk
+        while b"\n\n" in buf:
+            event, buf = buf.split(b"\n\n", 1)
+            line = event.decode()
+            assert line.startswith("data: "), line
+            yield line[len("data: "):]
+
+
+def stream_completion(srv, body):
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=120)
+    conn.request("POST", "/v1/completions", body=json.dumps({**body, "stream": True}),
+                 headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    text, finish, done = "", None, False
+    for data in sse_events(resp):
+        if data == "[DONE]":
+            done = True
+            continue
+        j = json.loads(data)
+        assert "error" not in j, j
+        text += j["choices"][0]["text"]
+        finish = j["choices"][0]["finish_reason"] or finish
+    conn.close()
+    assert done
+    return text, finish
+
+
+def test_health_models_metrics_page(server):
+    assert server.request("GET", "/health") == (200, {"status": "ok"})
+    status, models = server.request("GET", "/v1/models")
+    assert status == 200 and models["data"][0]["id"] == MODEL.stem
+    status, page = server.request("GET", "/")
+    assert status == 200 and "<textarea" in page and "/v1/chat/completions" in page
+    status, text = server.request("GET", "/metrics")
+    assert status == 200
+    assert 'tern_requests_total{endpoint="/health",status="200"}' in text
+    for name in ("tern_prompt_tokens_total", "tern_generated_tokens_total", "tern_queue_depth",
+                 "tern_active_sequences", "tern_prompt_tokens_per_second", "tern_generation_tokens_per_second"):
+        assert re.search(rf"^{name} [0-9.e+]+$", text, re.M), name
+
+
+def test_openai_chat_stream_matches_non_stream(server):
+    client = openai_client(server)
+    messages = [{"role": "system", "content": "You are terse."},
+                {"role": "user", "content": "Name a color. " + random_text(3)}]
+    r = client.chat.completions.create(model="anything", messages=messages, max_tokens=12, temperature=0)
+    assert r.model == "anything"
+    choice = r.choices[0]
+    assert choice.message.role == "assistant" and choice.message.content
+    assert choice.finish_reason in ("stop", "length")
+    assert r.usage.completion_tokens <= 12 and r.usage.prompt_tokens > 10
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    timings = r.model_extra["timings"]
+    assert timings["predicted_n"] == r.usage.completion_tokens and timings["prompt_n"] > 0
+
+    stream = client.chat.completions.create(model="anything", messages=messages, max_tokens=12, temperature=0,
+                                            stream=True, stream_options={"include_usage": True})
+    text, finish, usage = "", None, None
+    for chunk in stream:
+        if chunk.usage:
+            usage = chunk.usage
+        if chunk.choices:
+            text += chunk.choices[0].delta.content or ""
+            finish = chunk.choices[0].finish_reason or finish
+    assert text == choice.message.content
+    assert finish == choice.finish_reason
+    assert usage is not None and usage.completion_tokens == r.usage.completion_tokens
+
+
+def test_openai_completions(server):
+    client = openai_client(server)
+    prompt = "The capital of France is"
+    r = client.completions.create(model="m", prompt=prompt, max_tokens=8, temperature=0)
+    assert r.choices[0].text and r.choices[0].finish_reason in ("stop", "length")
+    assert r.usage.completion_tokens <= 8
+    text = "".join(c.choices[0].text for c in
+                   client.completions.create(model="m", prompt=prompt, max_tokens=8, temperature=0, stream=True))
+    assert text == r.choices[0].text
+    # Seeded sampling is reproducible.
+    seed = RNG.randrange(1 << 31)
+    a = client.completions.create(model="m", prompt=prompt, max_tokens=8, temperature=1.0, seed=seed)
+    b = client.completions.create(model="m", prompt=prompt, max_tokens=8, temperature=1.0, seed=seed)
+    assert a.choices[0].text == b.choices[0].text
+
+
+def assert_error(status_body, status, param=None, says=None):
+    got_status, body = status_body
+    assert got_status == status, body
+    assert isinstance(body, dict) and set(body["error"]) >= {"message", "type", "param", "code"}, body
+    if param is not None:
+        assert body["error"]["param"] == param, body
+    if says is not None:
+        assert says in body["error"]["message"], body
+
+
+def test_bad_requests(server):
+    chat = "/v1/chat/completions"
+    assert_error(server.request("POST", chat, raw=b'{"messages": [}'), 400, says="not valid JSON")
+    assert_error(server.request("POST", chat, raw=b'[1, 2]'), 400)
+    assert_error(server.request("POST", chat, {"messages": "hi"}), 400, param="messages")
+    assert_error(server.request("POST", chat, {"messages": [{"role": "user", "content": "hi"}],
+                                               "temperature": "hot"}), 400, param="temperature")
+    assert_error(server.request("POST", chat, {"messages": [{"role": "user", "content": "hi"}],
+                                               "temperature": -1}), 400, param="temperature")
+    assert_error(server.request("POST", chat, {"messages": [{"role": "user", "content": "hi"}],
+                                               "max_tokens": "8"}), 400, param="max_tokens")
+    assert_error(server.request("POST", chat, {"messages": [{"role": "wizard", "content": "hi"}]}), 400,
+                 param="messages[0].role")
+    assert_error(server.request("POST", chat, {"messages": [{"role": "user", "content": "hi"}], "n": 2}), 400,
+                 param="n")
+    assert_error(server.request("POST", "/v1/completions", {"prompt": 5}), 400, param="prompt")
+    assert_error(server.request("POST", "/v1/nothing", {}), 404)
+    # Unknown fields are ignored.
+    status, body = server.request("POST", "/v1/completions", {"prompt": "Hello", "max_tokens": 2, "temperature": 0,
+                                                              "frobnicate": {"x": [1]}, "logit_bias": {}})
+    assert status == 200 and body["usage"]["completion_tokens"] <= 2
+
+
+def test_oversize_body_and_long_prompt(server):
+    big = json.dumps({"prompt": "x" * 70000}).encode()
+    status, body = server.request("POST", "/v1/completions", raw=big)
+    assert status in (413, None), body  # None: the server closed before the client finished sending
+    if status == 413:
+        assert_error((status, body), 413)
+    # Fits the body limit but not the 512-token context.
+    status_body = server.request("POST", "/v1/completions", {"prompt": random_text(700), "max_tokens": 4})
+    assert_error(status_body, 400, param="prompt", says="does not fit the context")
+
+
+def test_api_key(keyed_server):
+    body = {"prompt": "Hi", "max_tokens": 2}
+    assert_error(keyed_server.request("POST", "/v1/completions", body), 401)
+    assert_error(keyed_server.request("POST", "/v1/completions", body, {"Authorization": "Bearer nope"}), 401)
+    assert keyed_server.request("GET", "/health")[0] == 200
+    status, _ = keyed_server.request("POST", "/v1/completions", body, {"Authorization": "Bearer sesame"})
+    assert status == 200
+    r = openai_client(keyed_server, "sesame").completions.create(model="m", prompt="Hi", max_tokens=2)
+    assert r.usage.completion_tokens <= 2
+
+
+def test_disconnect_frees_the_slot(keyed_server):
+    # A counting prompt keeps a greedy model going for the whole max_tokens.
+    body = {"prompt": "1, 2, 3, 4, 5, 6, 7, 8,", "max_tokens": 1500, "temperature": 0, "stream": True}
+    sock = socket.create_connection(("127.0.0.1", keyed_server.port), timeout=60)
+    payload = json.dumps(body).encode()
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sesame\r\n"
+                 b"Content-Type: application/json\r\nContent-Length: " + str(len(payload)).encode() +
+                 b"\r\n\r\n" + payload)
+    got = b""
+    while got.count(b"data: ") < 3:
+        chunk = sock.recv(4096)
+        assert chunk, got
+        got += chunk
+    sock.close()
+    # The only slot is freed at the next step: this request does not wait for
+    # the abandoned 1500 tokens.
+    t0 = time.time()
+    status, r = keyed_server.request("POST", "/v1/completions", {"prompt": "Hello", "max_tokens": 3},
+                                     {"Authorization": "Bearer sesame"})
+    assert status == 200, r
+    assert time.time() - t0 < 15
+    status, metrics = keyed_server.request("GET", "/metrics", headers={"Authorization": "Bearer sesame"})
+    assert re.search(r"^tern_active_sequences 0$", metrics, re.M), metrics
+
+
+def test_concurrent_streams_match_solo(server):
+    prompts = [f"{random_text(RNG.randrange(2, 12))}. Then" for _ in range(16)]
+    body = lambda p: {"prompt": p, "max_tokens": 16, "temperature": 0}
+    solo = [stream_completion(server, body(p)) for p in prompts]
+    results = [None] * len(prompts)
+    errors = []
+
+    def worker(i):
+        try:
+            results[i] = stream_completion(server, body(prompts[i]))
+        except Exception as e:  # reported below with the request index
+            errors.append((i, repr(e)))
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    assert not errors, errors
+    for i, (a, b) in enumerate(zip(solo, results)):
+        assert a == b, f"request {i} ({prompts[i]!r}): solo {a!r} vs concurrent {b!r}"
+
+
+def test_queue_full_then_sigterm_ends_streams_and_exits_zero():
+    s = TernServer("--parallel", "1", "--ctx", "2048", "--max-queue", "0")
+    conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
+    conn.request("POST", "/v1/completions",
+                 body=json.dumps({"prompt": "1, 2, 3, 4, 5,", "max_tokens": 1500, "temperature": 0,
+                                  "stream": True}), headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    events = sse_events(resp)
+    first = next(events)
+    assert "choices" in json.loads(first)
+    # The only slot is busy and no request may wait.
+    assert_error(s.request("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 2}), 503, says="queue is full")
+    status, metrics = s.request("GET", "/metrics")
+    assert re.search(r'^tern_requests_total\{endpoint="/v1/completions",status="503"\} 1$', metrics, re.M), metrics
+    s.proc.send_signal(signal.SIGTERM)
+    rest = list(events)
+    assert any('"error"' in e for e in rest), rest[-3:]
+    assert rest[-1] == "[DONE]"
+    assert s.proc.wait(30) == 0, "".join(s.log)

@@ -1,0 +1,268 @@
+// The continuous-batching scheduler on a small synthetic model: outputs of
+// requests run together equal their outputs run alone (and Session's), long
+// prompts are chunked across steps, cancellation frees the slot, a full queue
+// rejects, and prompts that do not fit the context are refused.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <future>
+#include <random>
+
+#include "model/synth.h"
+#include "runtime/engine.h"
+#include "runtime/scheduler.h"
+#include "runtime/session.h"
+
+namespace tern::runtime {
+namespace {
+
+const std::string& synth_path() {
+    static const std::string path = [] {
+        model::SynthOptions o;
+        o.shape = *model::synth_preset("tiny");
+        o.ftype = quant::FileType::Q8_0;
+        o.seed = 5;
+        o.n_threads = 2;
+        const std::string p =
+            (std::filesystem::temp_directory_path() / ("tern-scheduler-" + std::to_string(::getpid()) + ".gguf")).string();
+        auto r = model::write_synth_model(p, o);
+        EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message);
+        return p;
+    }();
+    return path;
+}
+
+std::unique_ptr<Engine> open_engine(int n_slots, int n_ctx, int max_batch) {
+    EngineOptions o;
+    o.threads = 2;
+    o.n_slots = n_slots;
+    o.n_ctx = n_ctx;
+    o.max_batch = max_batch;
+    auto e = Engine::open(synth_path(), o);
+    EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.error().message);
+    return e.ok() ? std::move(*e) : nullptr;
+}
+
+// A request whose outcome arrives through a future.
+struct Pending {
+    std::shared_ptr<std::promise<GenerateResult>> promise = std::make_shared<std::promise<GenerateResult>>();
+    std::future<GenerateResult> future = promise->get_future();
+    std::shared_ptr<std::atomic<bool>> cancelled;
+    std::shared_ptr<std::atomic<int>> pieces = std::make_shared<std::atomic<int>>(0);
+    SubmitResult submitted;
+};
+
+// hold: when valid, the first piece of text blocks the scheduler thread until
+// it is ready, which keeps this request running for as long as a test needs.
+Pending submit(Scheduler& s, const std::vector<int32_t>& prompt, const GenerateOptions& opt,
+               std::shared_future<void> hold = {}) {
+    Pending p;
+    GenerationRequest r;
+    r.prompt = prompt;
+    r.options = opt;
+    p.cancelled = r.cancelled;
+    auto promise = p.promise;
+    auto pieces = p.pieces;
+    auto text = std::make_shared<std::string>();
+    r.callbacks.on_text = [pieces, text, hold](std::string_view t) {
+        *text += t;
+        if (pieces->fetch_add(1) == 0 && hold.valid()) hold.wait();
+    };
+    r.callbacks.on_done = [promise, text](const GenerateResult& res) {
+        GenerateResult copy = res;
+        EXPECT_EQ(*text, res.text);  // streamed pieces add up to the final text
+        promise->set_value(copy);
+    };
+    r.callbacks.on_error = [promise](const std::string& m) {
+        promise->set_exception(std::make_exception_ptr(std::runtime_error(m)));
+    };
+    p.submitted = s.submit(std::move(r));
+    return p;
+}
+
+std::vector<int32_t> random_prompt(std::mt19937_64& rng, int n_vocab, int len) {
+    std::uniform_int_distribution<int32_t> tok(3, n_vocab - 1);
+    std::vector<int32_t> p(static_cast<size_t>(len));
+    for (int32_t& t : p) t = tok(rng);
+    return p;
+}
+
+GenerateOptions greedy(int max_tokens) {
+    GenerateOptions o;
+    o.max_tokens = max_tokens;
+    o.sampling.temperature = 0;
+    o.ignore_eos = true;
+    return o;
+}
+
+template <class F>
+void wait_until(F cond) {
+    for (int i = 0; i < 2000 && !cond(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    ASSERT_TRUE(cond());
+}
+
+TEST(Scheduler, TogetherEqualsAlone) {
+    const uint64_t seed = std::random_device{}();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937_64 rng(seed);
+    // max_batch 16 forces prompts of up to 60 tokens to be chunked across steps.
+    auto engine = open_engine(4, 128, 16);
+    ASSERT_TRUE(engine);
+    const int n_vocab = engine->n_vocab();
+
+    std::vector<std::vector<int32_t>> prompts;
+    std::vector<GenerateOptions> opts;
+    for (int i = 0; i < 6; ++i) {
+        prompts.push_back(random_prompt(rng, n_vocab, 3 + int(rng() % 58)));
+        GenerateOptions o = greedy(8 + int(rng() % 8));
+        if (i % 2 == 1) {  // sampled requests are reproducible through their own seed
+            o.sampling = SamplerParams{};
+            o.sampling.temperature = 0.9f;
+            o.sampling.seed = rng();
+        }
+        opts.push_back(o);
+    }
+
+    std::vector<GenerateResult> alone;
+    uint64_t alone_steps = 0;
+    {
+        Scheduler s(*engine, {});
+        for (size_t i = 0; i < prompts.size(); ++i) {
+            Pending p = submit(s, prompts[i], opts[i]);
+            ASSERT_EQ(p.submitted.admission, Admission::Accepted) << p.submitted.message;
+            alone.push_back(p.future.get());
+        }
+        alone_steps = s.stats().steps;
+    }
+    // Six requests over four slots: two wait in the queue and join mid-way.
+    std::vector<GenerateResult> together;
+    {
+        Scheduler s(*engine, {});
+        std::vector<Pending> ps;
+        for (size_t i = 0; i < prompts.size(); ++i) {
+            ps.push_back(submit(s, prompts[i], opts[i]));
+            ASSERT_EQ(ps.back().submitted.admission, Admission::Accepted);
+        }
+        for (Pending& p : ps) together.push_back(p.future.get());
+        // Sequences shared steps (the submissions race the scheduler thread,
+        // but all six are queued long before the first ones finish).
+        EXPECT_LT(s.stats().steps, alone_steps);
+        EXPECT_EQ(s.stats().active_sequences, 0);
+    }
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        SCOPED_TRACE("request " + std::to_string(i));
+        EXPECT_EQ(alone[i].tokens, together[i].tokens);
+        EXPECT_EQ(alone[i].text, together[i].text);
+        EXPECT_EQ(int(together[i].tokens.size()), opts[i].max_tokens);
+        EXPECT_EQ(together[i].finish, FinishReason::Length);
+        EXPECT_EQ(together[i].n_prompt_total, int(prompts[i].size()));
+    }
+
+    // The single-sequence Session produces the same greedy tokens.
+    auto engine2 = open_engine(1, 128, 16);
+    ASSERT_TRUE(engine2);
+    Session session(*engine2);
+    auto r = session.generate(prompts[0], opts[0]);
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    EXPECT_EQ(r->tokens, alone[0].tokens);
+}
+
+TEST(Scheduler, CancelFreesTheSlot) {
+    auto engine = open_engine(1, 256, 32);
+    ASSERT_TRUE(engine);
+    std::mt19937_64 rng(std::random_device{}());
+    Scheduler s(*engine, {});
+    std::promise<void> release;
+    Pending a = submit(s, random_prompt(rng, engine->n_vocab(), 8), greedy(200), release.get_future().share());
+    ASSERT_EQ(a.submitted.admission, Admission::Accepted);
+    // Queued behind a: cancelled before it ever runs.
+    Pending b = submit(s, random_prompt(rng, engine->n_vocab(), 8), greedy(200));
+    wait_until([&] { return a.pieces->load() > 0; });
+    b.cancelled->store(true);
+    a.cancelled->store(true);
+    release.set_value();
+    GenerateResult ra = a.future.get();
+    EXPECT_EQ(ra.finish, FinishReason::Cancelled);
+    EXPECT_LT(ra.n_generated, 200);
+    EXPECT_EQ(b.future.get().finish, FinishReason::Cancelled);
+    // The only slot is free again: a new request completes.
+    Pending c = submit(s, random_prompt(rng, engine->n_vocab(), 8), greedy(5));
+    GenerateResult rc = c.future.get();
+    EXPECT_EQ(rc.finish, FinishReason::Length);
+    EXPECT_EQ(rc.n_generated, 5);
+    EXPECT_EQ(s.stats().active_sequences, 0);
+}
+
+TEST(Scheduler, FullQueueRejects) {
+    auto engine = open_engine(1, 256, 32);
+    ASSERT_TRUE(engine);
+    std::mt19937_64 rng(std::random_device{}());
+    SchedulerOptions so;
+    so.max_queue = 2;
+    Scheduler s(*engine, so);
+    std::promise<void> release;
+    Pending running = submit(s, random_prompt(rng, engine->n_vocab(), 8), greedy(200), release.get_future().share());
+    wait_until([&] { return running.pieces->load() > 0; });
+    Pending q1 = submit(s, random_prompt(rng, engine->n_vocab(), 8), greedy(3));
+    Pending q2 = submit(s, random_prompt(rng, engine->n_vocab(), 8), greedy(3));
+    Pending over = submit(s, random_prompt(rng, engine->n_vocab(), 8), greedy(3));
+    EXPECT_EQ(q1.submitted.admission, Admission::Accepted);
+    EXPECT_EQ(q2.submitted.admission, Admission::Accepted);
+    EXPECT_EQ(over.submitted.admission, Admission::QueueFull);
+    EXPECT_NE(over.submitted.message.find("queue is full"), std::string::npos);
+    EXPECT_EQ(s.stats().queue_depth, 2);
+    running.cancelled->store(true);
+    release.set_value();
+    EXPECT_EQ(q1.future.get().n_generated, 3);
+    EXPECT_EQ(q2.future.get().n_generated, 3);
+}
+
+TEST(Scheduler, ZeroQueueStillFillsFreeSlots) {
+    auto engine = open_engine(2, 256, 32);
+    ASSERT_TRUE(engine);
+    std::mt19937_64 rng(std::random_device{}());
+    SchedulerOptions so;
+    so.max_queue = 0;
+    Scheduler s(*engine, so);
+    std::promise<void> release;
+    Pending a = submit(s, random_prompt(rng, engine->n_vocab(), 8), greedy(200));
+    // b is admitted with or after a, and a cannot finish 200 tokens before b's first.
+    Pending b = submit(s, random_prompt(rng, engine->n_vocab(), 8), greedy(200), release.get_future().share());
+    EXPECT_EQ(a.submitted.admission, Admission::Accepted);
+    EXPECT_EQ(b.submitted.admission, Admission::Accepted);
+    wait_until([&] { return b.pieces->load() > 0; });
+    EXPECT_EQ(s.stats().active_sequences, 2);
+    EXPECT_EQ(submit(s, {1, 2, 3}, greedy(2)).submitted.admission, Admission::QueueFull);
+    a.cancelled->store(true);
+    b.cancelled->store(true);
+    release.set_value();
+    a.future.get();
+    b.future.get();
+}
+
+TEST(Scheduler, RejectsPromptsThatDoNotFit) {
+    auto engine = open_engine(2, 64, 32);
+    ASSERT_TRUE(engine);
+    std::mt19937_64 rng(std::random_device{}());
+    Scheduler s(*engine, {});
+    Pending p = submit(s, random_prompt(rng, engine->n_vocab(), 64), greedy(4));
+    EXPECT_EQ(p.submitted.admission, Admission::Invalid);
+    EXPECT_NE(p.submitted.message.find("does not fit the context of 64"), std::string::npos) << p.submitted.message;
+    Pending bad_token = submit(s, {1, engine->n_vocab()}, greedy(4));
+    EXPECT_EQ(bad_token.submitted.admission, Admission::Invalid);
+    GenerateOptions bad_temp = greedy(4);
+    bad_temp.sampling.temperature = -1;
+    Pending bad = submit(s, {1, 2, 3}, bad_temp);
+    EXPECT_EQ(bad.submitted.admission, Admission::Invalid);
+    EXPECT_NE(bad.submitted.message.find("temperature"), std::string::npos);
+    // A prompt that fits with no room left stops at the end of the context.
+    Pending edge = submit(s, random_prompt(rng, engine->n_vocab(), 60), greedy(100));
+    ASSERT_EQ(edge.submitted.admission, Admission::Accepted);
+    GenerateResult r = edge.future.get();
+    EXPECT_EQ(r.finish, FinishReason::Length);
+    EXPECT_EQ(r.n_generated, 5);  // sampled from the logits at positions 59..63
+}
+
+}  // namespace
+}  // namespace tern::runtime

@@ -1,0 +1,144 @@
+// `tern serve -m MODEL`: an OpenAI-compatible HTTP server with continuous
+// batching over --parallel sequences. It listens first (answering 503 while
+// the model loads), then serves until SIGINT or SIGTERM, when it refuses new
+// requests, ends in-flight streams with an error event and exits 0.
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "runtime/scheduler.h"
+#include "server/server.h"
+#include "tools/commands.h"
+#include "tools/common_options.h"
+#include "tools/fail.h"
+
+namespace tern::tools {
+namespace {
+
+constexpr const char* kCmd = "serve";
+
+struct ServeOptions {
+    ModelFlags model;
+    server::ServerOptions http;
+    int parallel = 4;
+    int max_queue = 64;
+    int max_body = 1 << 20;
+};
+
+void run_serve(const ServeOptions& o, const CLI::App& cmd) {
+    reject_extras(kCmd, cmd);
+    if (o.parallel < 1 || o.parallel > 256) fail(kCmd, "--parallel must be between 1 and 256 (got " + std::to_string(o.parallel) + ")");
+    if (o.max_queue < 0) fail(kCmd, "--max-queue must be 0 or more (got " + std::to_string(o.max_queue) + ")");
+    if (o.max_body < 1) fail(kCmd, "--max-body must be at least 1 byte (got " + std::to_string(o.max_body) + ")");
+    if (o.http.port < 0 || o.http.port > 65535) fail(kCmd, "--port must be between 0 and 65535 (got " + std::to_string(o.http.port) + ")");
+    if (o.http.timeout_s < 1) fail(kCmd, "--timeout must be at least 1 second (got " + std::to_string(o.http.timeout_s) + ")");
+    if (o.http.http_threads < 2) fail(kCmd, "--http-threads must be at least 2 (got " + std::to_string(o.http.http_threads) + ")");
+    if (o.model.threads < 0) fail(kCmd, "--threads must be 0 (all cores) or more");
+    if (o.model.ctx < 0) fail(kCmd, "--ctx must be 0 (the model's default) or more");
+    if (o.model.batch < o.parallel) fail(kCmd, "--batch must be at least --parallel (every sequence needs a token per step)");
+    const std::string path = resolve_model_path(kCmd, o.model.model);
+
+    // Signals are taken by one thread with sigwait; every thread started
+    // from here on inherits the blocked mask.
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+    // A client that hangs up mid-response must cost an EPIPE, not the process.
+    signal(SIGPIPE, SIG_IGN);
+
+    server::ServerOptions http = o.http;
+    http.max_body = size_t(o.max_body);
+    server::Server srv(http);
+    if (Status s = srv.bind(); !s.ok()) fail(kCmd, s.message());
+    std::fprintf(stderr, "tern serve: listening on http://%s:%d\n", http.host.c_str(), srv.port());
+    std::thread http_thread([&srv] { srv.run(); });
+
+    std::mutex stop_mu;
+    bool stop_requested = false;
+    std::thread signal_thread([&] {
+        int sig = 0;
+        sigwait(&sigs, &sig);
+        {
+            std::lock_guard<std::mutex> lock(stop_mu);
+            stop_requested = true;
+        }
+        srv.stop();
+    });
+    auto finish = [&] {
+        http_thread.join();
+        {
+            std::lock_guard<std::mutex> lock(stop_mu);
+            if (!stop_requested) kill(getpid(), SIGTERM);  // the listener ended on its own: wake the signal thread
+        }
+        signal_thread.join();
+    };
+
+    runtime::EngineOptions eo;
+    eo.backend = o.model.backend;
+    eo.threads = o.model.threads;
+    eo.n_ctx = o.model.ctx;
+    eo.n_slots = o.parallel;
+    eo.max_batch = o.model.batch;
+    auto opened = runtime::Engine::open(path, eo);
+    if (!opened.ok()) {
+        srv.stop();
+        finish();
+        fail(kCmd, "cannot load " + path + ": " + opened.error().message);
+    }
+    std::unique_ptr<runtime::Engine> engine = std::move(*opened);
+    if (o.model.verbose) print_model_summary(*engine, path);
+
+    const text::ChatTemplate tmpl = chat_template_of(kCmd, *engine);
+    server::PromptBuilder prompts;
+    const text::Tokenizer tok = engine->tokenizer();
+    prompts.chat = [tok, tmpl](const std::vector<text::ChatMessage>& messages) -> Result<std::vector<int32_t>> {
+        auto p = tokenize_chat(tok, tmpl, messages, true);
+        if (!p.ok()) return p.error();
+        return std::move(p->tokens);
+    };
+    // Completion prompts are plain text: text spelling a control token stays text.
+    prompts.completion = [tok](std::string_view prompt) { return tokenize_prompt(tok, prompt, false); };
+    prompts.chat_stops = text::chat_stop_strings(tmpl.family);
+
+    runtime::SchedulerOptions so;
+    so.max_queue = o.max_queue;
+    runtime::Scheduler scheduler(*engine, so);
+    {
+        std::lock_guard<std::mutex> lock(stop_mu);
+        if (!stop_requested)
+            srv.attach(*engine, scheduler, std::move(prompts), std::filesystem::path(path).stem().string());
+    }
+    std::fprintf(stderr, "tern serve: model loaded (%d sequences of %d tokens)\n", o.parallel, engine->n_ctx());
+    finish();
+    scheduler.shutdown();
+    std::fprintf(stderr, "tern serve: stopped\n");
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app) {
+    auto o = std::make_shared<ServeOptions>();
+    CLI::App* cmd = app.add_subcommand("serve", "Serve the model over an OpenAI-compatible HTTP API with a chat page");
+    add_model_flags(cmd, kCmd, o->model, "Context size per sequence in tokens (default 0: the model's, at most 4096)");
+    cmd->add_option("--host", o->http.host, "Address to listen on (default 127.0.0.1)")->type_name("ADDR");
+    add_int_option(cmd, kCmd, "--port", o->http.port, "Port to listen on; 0 = any free port (default 8080)");
+    add_int_option(cmd, kCmd, "--parallel", o->parallel, "Sequences decoded at once, each with its own KV slot (default 4)");
+    cmd->add_option("--api-key", o->http.api_key, "Require 'Authorization: Bearer KEY' on the API (not on /health)")
+        ->type_name("KEY");
+    add_int_option(cmd, kCmd, "--max-queue", o->max_queue, "Requests waiting for a slot before 503 (default 64)");
+    add_int_option(cmd, kCmd, "--max-body", o->max_body, "Largest request body in bytes (default 1048576)");
+    add_int_option(cmd, kCmd, "--timeout", o->http.timeout_s, "Socket read/write timeout in seconds (default 600)");
+    add_int_option(cmd, kCmd, "--http-threads", o->http.http_threads, "Connections served at once (default 32)");
+    add_int_option(cmd, kCmd, "--max-tokens", o->http.default_max_tokens, "Default max_tokens of a request (default 256)");
+    cmd->callback([o, cmd] { run_serve(*o, *cmd); });
+}
+
+}  // namespace tern::tools
