@@ -303,8 +303,9 @@ def test_disconnect_frees_the_slot(keyed_server):
 
 
 def test_concurrent_streams_match_solo(server):
-    prompts = [f"{random_text(RNG.randrange(2, 12))}. Then" for _ in range(16)]
-    body = lambda p: {"prompt": p, "max_tokens": 16, "temperature": 0}
+    # 64 clients at once on 8 slots: 56 wait in the queue and are admitted as slots free.
+    prompts = [f"{random_text(RNG.randrange(2, 12))}. Then" for _ in range(64)]
+    body = lambda p: {"prompt": p, "max_tokens": 8, "temperature": 0}
     solo = [stream_completion(server, body(p)) for p in prompts]
     results = [None] * len(prompts)
     errors = []
