@@ -1,7 +1,9 @@
 // Picks the dot-product kernel for a (type, path) pair from the tables the
 // per-path files export; unavailable paths and unsupported types give null.
-// Also the activation planes the multi-token kernels read.
+// Also the packing of activations for the multi-token kernels.
 #include "quant/dot.h"
+
+#include <cstring>
 
 #include "quant/dot_internal.h"
 
@@ -83,10 +85,25 @@ DotFloatTokensFn dot_float_tokens_kernel(TensorType type, SimdPath path) {
     }
 }
 
-void act_token_planes(const block_q8a* q, int64_t n, float* d, int32_t* sum) {
-    for (int64_t i = 0; i < n; ++i) {
-        d[i] = q[i].d;
-        sum[i] = q[i].sum;
+int64_t act_tokens_stride(int64_t k) { return (k / QK8A + 7) / 8 * 8; }
+
+void pack_act_tokens(const block_q8a* q, int64_t n_tokens, int64_t k, int8_t* qs, float* d, int32_t* sum) {
+    const int64_t nb = k / QK8A, stride = act_tokens_stride(k);
+    for (int64_t t = 0; t < n_tokens; ++t) {
+        const block_q8a* row = q + t * nb;
+        int8_t* out = qs + t * 32 * stride;
+        for (int64_t b = 0; b < stride; ++b) {
+            int8_t* group = out + 256 * (b / 8) + 4 * (b % 8);
+            if (b < nb) {
+                d[t * stride + b] = row[b].d;
+                sum[t * stride + b] = row[b].sum;
+                for (int s = 0; s < 8; ++s) std::memcpy(group + 32 * s, row[b].qs + 4 * s, 4);
+            } else {
+                d[t * stride + b] = 0.0f;
+                sum[t * stride + b] = 0;
+                for (int s = 0; s < 8; ++s) std::memset(group + 32 * s, 0, 4);
+            }
+        }
     }
 }
 

@@ -37,23 +37,33 @@ using DotFloatFn = float (*)(const void* w_row, const float* x, int64_t k);
 
 constexpr int kDotMaxTokens = 8;
 
-// The quantized activations of up to kDotMaxTokens tokens, k/32 blocks each,
-// as the multi-token kernels read them. Token t's blocks start at
-// q + t * stride; the d and sum of those blocks are repeated, contiguous, at
-// d + t * stride and sum + t * stride (act_token_planes), so a kernel loads
-// eight of them at once instead of gathering them from 40-byte blocks.
+// The quantized activations of several tokens in the layout the multi-token
+// kernels read, built once per matmul by pack_act_tokens. Per token, the
+// blocks are taken eight at a time (a group); a group's 32 * 8 bytes of qs
+// are interleaved so that int32 word 8s + j holds elements 4s..4s+3 of block
+// j: one 32-byte load then gives four elements of each of eight blocks, lane j
+// belonging to block j, and the per-block integer sums need no horizontal
+// reduction. d and sum repeat the blocks' scales and sums, eight to a load.
+// Blocks past the row's end, up to the next multiple of eight, are zero.
 struct ActTokens {
-    const block_q8a* q = nullptr;
-    const float* d = nullptr;
-    const int32_t* sum = nullptr;
-    int64_t stride = 0;  // blocks from one token to the next, >= k / 32
+    const int8_t* qs = nullptr;    // token t: qs + t * 32 * stride
+    const float* d = nullptr;      // token t: d + t * stride
+    const int32_t* sum = nullptr;  // token t: sum + t * stride
+    int64_t stride = 0;            // blocks per token, k/32 rounded up to a multiple of 8
+
+    // The same activations from token t on.
+    ActTokens from(int64_t t) const { return {qs + t * 32 * stride, d + t * stride, sum + t * stride, stride}; }
 };
 
-// d[i] = q[i].d and sum[i] = q[i].sum for i < n.
-void act_token_planes(const block_q8a* q, int64_t n, float* d, int32_t* sum);
+// Blocks per token in that layout: k/32 rounded up to a multiple of eight.
+int64_t act_tokens_stride(int64_t k);
 
-// For t < n_tokens (1..kDotMaxTokens):
-//   out[t * out_stride] = DotRowFn(w_row, a.q + t * a.stride, k), bit for bit.
+// Packs n_tokens rows of k/32 blocks (token t's at q + t * (k/32)) into qs
+// (n_tokens * stride * 32 bytes), d and sum (n_tokens * stride each).
+void pack_act_tokens(const block_q8a* q, int64_t n_tokens, int64_t k, int8_t* qs, float* d, int32_t* sum);
+
+// For t < n_tokens (1..kDotMaxTokens), with x_t token t's blocks as block_q8a:
+//   out[t * out_stride] = DotRowFn(w_row, x_t, k), bit for bit.
 using DotTokensFn = void (*)(const void* w_row, const ActTokens& a, int n_tokens, int64_t k, float* out,
                              int64_t out_stride);
 

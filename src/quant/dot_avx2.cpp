@@ -16,6 +16,20 @@ inline __m256i mul_sum_u8s8(__m256i u, __m256i s) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 }
 
+// acc + mul_sum_u8s8(u, s).
+inline __m256i mul_sum_u8s8_acc(__m256i acc, __m256i u, __m256i s) {
+    return _mm256_add_epi32(acc, mul_sum_u8s8(u, s));
+}
+
+// Sum of mul_sum_u8s8(u[i], s[i]) over i < 4, exact while u <= 32: the int16
+// pair sums then total at most 4 * 2 * 32 * 127 = 32512, so they are added
+// as int16 and widened once.
+inline __m256i mul_sum4_u8s8(const __m256i* u, const __m256i* s) {
+    const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(u[0], s[0]), _mm256_maddubs_epi16(u[1], s[1]));
+    const __m256i p23 = _mm256_add_epi16(_mm256_maddubs_epi16(u[2], s[2]), _mm256_maddubs_epi16(u[3], s[3]));
+    return _mm256_madd_epi16(_mm256_add_epi16(p01, p23), _mm256_set1_epi16(1));
+}
+
 // Byte j = value where bit j of bits is set.
 inline __m256i expand_bits32(uint32_t bits, char value) {
     const __m256i spread = _mm256_shuffle_epi8(

@@ -17,6 +17,16 @@ inline __m256i mul_sum_u8s8(__m256i u, __m256i s) {
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
 }
 
+// acc + mul_sum_u8s8(u, s), in the same instruction.
+inline __m256i mul_sum_u8s8_acc(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_epi32(acc, u, s); }
+
+// Sum of mul_sum_u8s8(u[i], s[i]) over i < 4 (exact for any u).
+inline __m256i mul_sum4_u8s8(const __m256i* u, const __m256i* s) {
+    __m256i acc = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u[0], s[0]);
+    for (int i = 1; i < 4; ++i) acc = _mm256_dpbusd_epi32(acc, u[i], s[i]);
+    return acc;
+}
+
 inline __m256i expand_bits32(uint32_t bits, char value) {
     return _mm256_maskz_set1_epi8(__mmask32(bits), value);
 }

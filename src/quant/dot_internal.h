@@ -94,6 +94,18 @@ static inline float lanes16_total(Lanes16 l) {
     return l.v[0];
 }
 
+// ---- packed activations (ActTokens) ----------------------------------------
+
+// Block b of token t, back as the block_q8a it was packed from.
+static inline block_q8a act_block(const ActTokens& a, int64_t t, int64_t b) {
+    block_q8a x;
+    x.d = a.d[t * a.stride + b];
+    x.sum = a.sum[t * a.stride + b];
+    const int8_t* group = a.qs + t * 32 * a.stride + 256 * (b / 8) + 4 * (b % 8);
+    for (int s = 0; s < 8; ++s) std::memcpy(x.qs + 4 * s, group + 32 * s, 4);
+    return x;
+}
+
 // ---- block headers -------------------------------------------------------
 
 static inline uint32_t load_u32(const uint8_t* p) {

@@ -264,11 +264,41 @@ float dot_float(const void* w, const float* x, int64_t k) {
     return lanes16_total(acc);
 }
 
-// ---- several tokens: the reference is the one-token kernel, token by token --
+// ---- several tokens: each token as the one-token kernels do it --------------
+//
+// The reference for the packed layout: every block is read back as a
+// block_q8a and goes through the same integer sums and float steps.
 
-template <DotRowFn row>
-void dot_tokens_by_row(const void* w, const ActTokens& a, int n, int64_t k, float* out, int64_t out_stride) {
-    for (int t = 0; t < n; ++t) out[t * out_stride] = row(w, a.q + t * a.stride, k);
+template <class T>
+void dot_legacy_tokens(const void* wv, const ActTokens& a, int n, int64_t k, float* out, int64_t out_stride) {
+    const auto* w = static_cast<const typename T::Block*>(wv);
+    for (int t = 0; t < n; ++t) {
+        Lanes8 acc;
+        lanes8_clear(acc);
+        for (int64_t b = 0; b < k / 32; ++b) {
+            const block_q8a x = act_block(a, t, b);
+            const int32_t A = T::w_sum(w[b], x), S = T::x_sum(x);
+            acc.v[b % 8] += T::term(w[b], x, A, S);
+        }
+        out[t * out_stride] = lanes8_total(acc);
+    }
+}
+
+template <class T>
+void dot_kquant_tokens(const void* wv, const ActTokens& a, int n, int64_t k, float* out, int64_t out_stride) {
+    const auto* w = static_cast<const typename T::Block*>(wv);
+    for (int t = 0; t < n; ++t) {
+        Lanes8 acc;
+        lanes8_clear(acc);
+        for (int64_t i = 0; i < k / QK_K; ++i) {
+            block_q8a x[8];
+            for (int j = 0; j < 8; ++j) x[j] = act_block(a, t, 8 * i + j);
+            int32_t A[8], X[8];
+            T::sums(w[i], x, A, X);
+            for (int j = 0; j < 8; ++j) acc.v[j] += T::term(w[i], x[j], A[j], X[j]);
+        }
+        out[t * out_stride] = lanes8_total(acc);
+    }
 }
 
 template <DotFloatFn row>
@@ -279,11 +309,11 @@ void dot_float_tokens_by_row(const void* w, const float* x, int64_t x_stride, in
 
 template <class T>
 constexpr IntKernel legacy() {
-    return {dot_legacy<T>, int_sums_legacy<T>, dot_tokens_by_row<dot_legacy<T>>};
+    return {dot_legacy<T>, int_sums_legacy<T>, dot_legacy_tokens<T>};
 }
 template <class T>
 constexpr IntKernel kquant() {
-    return {dot_kquant<T>, int_sums_kquant<T>, dot_tokens_by_row<dot_kquant<T>>};
+    return {dot_kquant<T>, int_sums_kquant<T>, dot_kquant_tokens<T>};
 }
 
 const PathKernels kScalar = {

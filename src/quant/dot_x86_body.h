@@ -8,6 +8,10 @@
 // Primitives the including file defines (static inline):
 //   __m256i mul_sum_u8s8(__m256i u, __m256i s)
 //       lane i = sum over bytes 4i..4i+3 of u (unsigned, <= 128) * s (signed)
+//   __m256i mul_sum_u8s8_acc(__m256i acc, __m256i u, __m256i s)
+//       acc + mul_sum_u8s8(u, s)
+//   __m256i mul_sum4_u8s8(const __m256i* u, const __m256i* s)
+//       sum of mul_sum_u8s8(u[i], s[i]) over i < 4, exact while u <= 32
 //   __m256i expand_bits32(uint32_t bits, char value)
 //       byte j = value where bit j of bits is set, else 0
 //   __m256i select_bit(__m256i v, int bit, char value)
@@ -36,25 +40,18 @@ inline __m256i load_a(const block_q8a& a) { return _mm256_loadu_si256(reinterpre
 inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 inline __m128i load16(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
 
-// As mul_sum_u8s8, each half of 16 bytes weighted by its int16 scale: sc16
-// holds the first half's scale in its low eight int16 lanes, the second's in
-// the high. Exact while u <= 128 (no int16 saturation in vpmaddubsw).
+// Signed weights times signed activations: move the sign onto the activation.
+inline __m256i mul_sum_s8s8(__m256i w, __m256i a) {
+    return mul_sum_u8s8(_mm256_abs_epi8(w), _mm256_sign_epi8(a, w));
+}
+
+// As above, each half of 16 bytes weighted by its int16 scale: sc16 holds the
+// first half's scale in its low eight int16 lanes, the second's in the high.
 inline __m256i mul_sum_u8s8_sc16(__m256i u, __m256i a, __m256i sc16) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), sc16);
 }
-
-// Signed weights times signed activations: the weight's magnitude (<= 128) is
-// the unsigned factor and its sign moves onto the activation. Kept apart so
-// the multi-token kernels take the magnitude once per block.
-struct SignedBytes {
-    __m256i mag, sign;
-};
-inline SignedBytes signed_bytes(__m256i w) { return {_mm256_abs_epi8(w), w}; }
-inline __m256i mul_sum_signed(const SignedBytes& w, __m256i a) {
-    return mul_sum_u8s8(w.mag, _mm256_sign_epi8(a, w.sign));
-}
-inline __m256i mul_sum_signed_sc16(const SignedBytes& w, __m256i a, __m256i sc16) {
-    return mul_sum_u8s8_sc16(w.mag, _mm256_sign_epi8(a, w.sign), sc16);
+inline __m256i mul_sum_s8s8_sc16(__m256i w, __m256i a, __m256i sc16) {
+    return mul_sum_u8s8_sc16(_mm256_abs_epi8(w), _mm256_sign_epi8(a, w), sc16);
 }
 
 // Lane j of the result = sum of the eight lanes of p[j].
@@ -129,66 +126,61 @@ inline __m256i nibbles32(const uint8_t* qs) {
 
 // ---- 32-element types -----------------------------------------------------
 //
-// unpack() turns a block's quanta into bytes ready for mul(), which gives
-// per-lane partial sums of sum q*a with q as stored (unsigned for the nibble
-// types); unpacking is separate so the multi-token kernels do it once per
-// block. kOffsetShift turns the sum into sum (q - 2^shift) * a using the
-// activation block's sum; kMin types add the (mw * da) * S term.
+// raw(): per-lane partial sums of sum q*a with q as stored (unsigned for the
+// nibble types); kOffsetShift turns that into sum (q - 2^shift) * a using
+// the activation block's sum; kMin types add the (mw * da) * S term.
 
 struct Q4_0 {
     using Block = block_q4_0;
-    using Unpacked = __m256i;
     static constexpr int kOffsetShift = 3;  // q - 8
     static constexpr bool kMin = false;
-    static Unpacked unpack(const Block& w) { return nibbles32(w.qs); }
-    static __m256i mul(Unpacked q, __m256i a) { return mul_sum_u8s8(q, a); }
+    static __m256i raw(const Block& w, __m256i a) { return mul_sum_u8s8(nibbles32(w.qs), a); }
 };
 
 struct Q4_1 {
     using Block = block_q4_1;
-    using Unpacked = __m256i;
     static constexpr int kOffsetShift = 0;
     static constexpr bool kMin = true;
-    static Unpacked unpack(const Block& w) { return nibbles32(w.qs); }
-    static __m256i mul(Unpacked q, __m256i a) { return mul_sum_u8s8(q, a); }
+    static __m256i raw(const Block& w, __m256i a) { return mul_sum_u8s8(nibbles32(w.qs), a); }
 };
 
 struct Q5_0 {
     using Block = block_q5_0;
-    using Unpacked = __m256i;
     static constexpr int kOffsetShift = 4;  // q - 16
     static constexpr bool kMin = false;
-    static Unpacked unpack(const Block& w) {
-        return _mm256_or_si256(nibbles32(w.qs), expand_bits32(load_u32(w.qh), 0x10));
+    static __m256i raw(const Block& w, __m256i a) {
+        const __m256i q = _mm256_or_si256(nibbles32(w.qs), expand_bits32(load_u32(w.qh), 0x10));
+        return mul_sum_u8s8(q, a);
     }
-    static __m256i mul(Unpacked q, __m256i a) { return mul_sum_u8s8(q, a); }
 };
 
 struct Q5_1 {
     using Block = block_q5_1;
-    using Unpacked = __m256i;
     static constexpr int kOffsetShift = 0;
     static constexpr bool kMin = true;
-    static Unpacked unpack(const Block& w) {
-        return _mm256_or_si256(nibbles32(w.qs), expand_bits32(load_u32(w.qh), 0x10));
+    static __m256i raw(const Block& w, __m256i a) {
+        const __m256i q = _mm256_or_si256(nibbles32(w.qs), expand_bits32(load_u32(w.qh), 0x10));
+        return mul_sum_u8s8(q, a);
     }
-    static __m256i mul(Unpacked q, __m256i a) { return mul_sum_u8s8(q, a); }
 };
 
 struct Q8_0 {
     using Block = block_q8_0;
-    using Unpacked = SignedBytes;
     static constexpr int kOffsetShift = 0;
     static constexpr bool kMin = false;
-    static Unpacked unpack(const Block& w) { return signed_bytes(load32(reinterpret_cast<const uint8_t*>(w.qs))); }
-    static __m256i mul(const Unpacked& q, __m256i a) { return mul_sum_signed(q, a); }
+    static __m256i raw(const Block& w, __m256i a) {
+        return mul_sum_s8s8(load32(reinterpret_cast<const uint8_t*>(w.qs)), a);
+    }
 };
 
 // w_sum (A) and x_sum (S) of eight consecutive blocks, lane j = block j.
+// (The unroll pragmas matter at -O2: without them GCC keeps these eight-step
+// loops as loops and round-trips every partial sum through the stack.)
 template <class T>
 inline void legacy_sums8(const typename T::Block* w, const block_q8a* a, __m256i& A, __m256i& S) {
     __m256i p[8];
-    for (int j = 0; j < 8; ++j) p[j] = T::mul(T::unpack(w[j]), load_a(a[j]));
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) p[j] = T::raw(w[j], load_a(a[j]));
     A = reduce8(p);
     S = _mm256_setzero_si256();
     if constexpr (T::kMin || T::kOffsetShift != 0) S = act_sum8(a);
@@ -198,7 +190,7 @@ inline void legacy_sums8(const typename T::Block* w, const block_q8a* a, __m256i
 
 template <class T>
 inline void legacy_sums1(const typename T::Block& w, const block_q8a& a, int32_t& A, int32_t& S) {
-    A = hsum_i32(T::mul(T::unpack(w), load_a(a)));
+    A = hsum_i32(T::raw(w, load_a(a)));
     if constexpr (T::kOffsetShift != 0) A -= a.sum * (1 << T::kOffsetShift);
     S = T::kMin ? a.sum : 0;
 }
@@ -250,69 +242,40 @@ void int_sums_legacy(const void* wv, const block_q8a* a, int64_t k, int32_t* A, 
     for (; b < nb; ++b) legacy_sums1<T>(w[b], a[b], A[b], S[b]);
 }
 
-// ---- K-quants: A and X of a super-block's eight 32-blocks -----------------
-//
-// unpack() expands a super-block's quanta and scales into an Unpacked state
-// once; sums() gives A and X (lane j = 32-block j) from that state and the
-// eight activation blocks. asum holds the eight activation sums; only types
-// with kActSum read it.
+// ---- K-quants: sums() gives A and X of a super-block's eight 32-blocks ----
 
 struct Q2_K {
     using Block = block_q2_K;
     static constexpr bool kMin = true;
-    static constexpr bool kActSum = false;
-    struct Unpacked {
-        __m256i q[8];             // 2-bit quanta of 32-block j
-        __m256i sc[8], mn[8];     // its two scales / mins, as int16 pair16 vectors
-    };
-    static void unpack(const Block& w, Unpacked& u) {
+    static void sums(const Block& w, const block_q8a* a, __m256i& A, __m256i& X) {
         const __m128i s8 = load16(w.scales);
         const __m128i m4 = _mm_set1_epi8(0x0F);
         __m256i sc[2], mn[2];
         split_scales16(_mm256_cvtepu8_epi16(_mm_and_si128(s8, m4)), sc);
         split_scales16(_mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s8, 4), m4)), mn);
-        const __m256i m3 = _mm256_set1_epi8(3);
+        const __m256i m3 = _mm256_set1_epi8(3), ones = _mm256_set1_epi8(1);
+        __m256i p[8], pm[8];
+#pragma GCC unroll 2
         for (int h = 0; h < 2; ++h) {
             const __m256i Q = load32(w.qs + 32 * h);
+#pragma GCC unroll 4
             for (int plane = 0; plane < 4; ++plane) {
                 const int j = 4 * h + plane;
-                u.q[j] = _mm256_and_si256(_mm256_srli_epi16(Q, 2 * plane), m3);
-                u.sc[j] = pair16(sc[h], plane);
-                u.mn[j] = pair16(mn[h], plane);
+                const __m256i q = _mm256_and_si256(_mm256_srli_epi16(Q, 2 * plane), m3);
+                const __m256i aj = load_a(a[j]);
+                p[j] = mul_sum_u8s8_sc16(q, aj, pair16(sc[h], plane));
+                pm[j] = mul_sum_u8s8_sc16(ones, aj, pair16(mn[h], plane));
             }
-        }
-    }
-    static void sums(const Unpacked& u, const block_q8a* a, __m256i, __m256i& A, __m256i& X) {
-        const __m256i ones = _mm256_set1_epi8(1);
-        __m256i p[8], pm[8];
-        for (int j = 0; j < 8; ++j) {
-            const __m256i aj = load_a(a[j]);
-            p[j] = mul_sum_u8s8_sc16(u.q[j], aj, u.sc[j]);
-            pm[j] = mul_sum_u8s8_sc16(ones, aj, u.mn[j]);
         }
         A = reduce8(p);
         X = reduce8(pm);
     }
 };
 
-// q3_K and q6_K: signed values with an int16 scale per 16 elements.
-struct SignedScaled {
-    SignedBytes v[8];
-    __m256i sc[8];  // pair16 vectors
-};
-inline void signed_scaled_sums(const SignedScaled& u, const block_q8a* a, __m256i& A) {
-    __m256i p[8];
-    for (int j = 0; j < 8; ++j)
-        p[j] = mul_sum_signed_sc16(u.v[j], load_a(a[j]), u.sc[j]);
-    A = reduce8(p);
-}
-
 struct Q3_K {
     using Block = block_q3_K;
     static constexpr bool kMin = false;
-    static constexpr bool kActSum = false;
-    using Unpacked = SignedScaled;
-    static void unpack(const Block& w, Unpacked& u) {
+    static void sums(const Block& w, const block_q8a* a, __m256i& A, __m256i& X) {
         uint32_t s[4];
         unpack_q3k_scales_words(w.scales, s);
         const __m128i biased = _mm_setr_epi32(int(s[0]), int(s[1]), int(s[2]), int(s[3]));
@@ -320,18 +283,19 @@ struct Q3_K {
         split_scales16(_mm256_cvtepi8_epi16(_mm_sub_epi8(biased, _mm_set1_epi8(32))), sc);
         const __m256i H = load32(w.hmask);
         const __m256i m3 = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
+        __m256i p[8];
+#pragma GCC unroll 2
         for (int h = 0; h < 2; ++h) {
             const __m256i Q = load32(w.qs + 32 * h);
+#pragma GCC unroll 4
             for (int plane = 0; plane < 4; ++plane) {
                 const int j = 4 * h + plane;
                 const __m256i low = _mm256_and_si256(_mm256_srli_epi16(Q, 2 * plane), m3);
-                u.v[j] = signed_bytes(_mm256_sub_epi8(_mm256_or_si256(low, select_bit(H, j, 4)), four));
-                u.sc[j] = pair16(sc[h], plane);
+                const __m256i v = _mm256_sub_epi8(_mm256_or_si256(low, select_bit(H, j, 4)), four);
+                p[j] = mul_sum_s8s8_sc16(v, load_a(a[j]), pair16(sc[h], plane));
             }
         }
-    }
-    static void sums(const Unpacked& u, const block_q8a* a, __m256i, __m256i& A, __m256i& X) {
-        signed_scaled_sums(u, a, A);
+        A = reduce8(p);
         X = _mm256_setzero_si256();
     }
 };
@@ -344,69 +308,58 @@ inline void k4_scales(const uint8_t* packed, __m256i& sc, __m256i& mn) {
     mn = _mm256_cvtepu8_epi32(_mm_setr_epi32(int(m[0]), int(m[1]), 0, 0));
 }
 
-// q4_K and q5_K: unsigned quanta, one scale and min per 32-block.
-struct UnsignedScaled {
-    __m256i q[8];
-    __m256i sc, mn;  // int32 lane j: 32-block j's scale and min
-};
-inline void unsigned_scaled_sums(const UnsignedScaled& u, const block_q8a* a, __m256i asum, __m256i& A,
-                                 __m256i& X) {
-    __m256i p[8];
-    for (int j = 0; j < 8; ++j) p[j] = mul_sum_u8s8(u.q[j], load_a(a[j]));
-    A = _mm256_mullo_epi32(reduce8(p), u.sc);
-    X = _mm256_mullo_epi32(asum, u.mn);
-}
-
 struct Q4_K {
     using Block = block_q4_K;
     static constexpr bool kMin = true;
-    static constexpr bool kActSum = true;
-    using Unpacked = UnsignedScaled;
-    static void unpack(const Block& w, Unpacked& u) {
-        k4_scales(w.scales, u.sc, u.mn);
+    static void sums(const Block& w, const block_q8a* a, __m256i& A, __m256i& X) {
+        __m256i sc, mn;
+        k4_scales(w.scales, sc, mn);
         const __m256i m4 = _mm256_set1_epi8(0x0F);
+        __m256i p[8];
+#pragma GCC unroll 4
         for (int c = 0; c < 4; ++c) {
             const __m256i Q = load32(w.qs + 32 * c);
-            u.q[2 * c] = _mm256_and_si256(Q, m4);
-            u.q[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(Q, 4), m4);
+            p[2 * c] = mul_sum_u8s8(_mm256_and_si256(Q, m4), load_a(a[2 * c]));
+            p[2 * c + 1] = mul_sum_u8s8(_mm256_and_si256(_mm256_srli_epi16(Q, 4), m4), load_a(a[2 * c + 1]));
         }
-    }
-    static void sums(const Unpacked& u, const block_q8a* a, __m256i asum, __m256i& A, __m256i& X) {
-        unsigned_scaled_sums(u, a, asum, A, X);
+        A = _mm256_mullo_epi32(reduce8(p), sc);
+        X = _mm256_mullo_epi32(act_sum8(a), mn);
     }
 };
 
 struct Q5_K {
     using Block = block_q5_K;
     static constexpr bool kMin = true;
-    static constexpr bool kActSum = true;
-    using Unpacked = UnsignedScaled;
-    static void unpack(const Block& w, Unpacked& u) {
-        k4_scales(w.scales, u.sc, u.mn);
+    static void sums(const Block& w, const block_q8a* a, __m256i& A, __m256i& X) {
+        __m256i sc, mn;
+        k4_scales(w.scales, sc, mn);
         const __m256i m4 = _mm256_set1_epi8(0x0F);
         const __m256i H = load32(w.qh);
+        __m256i p[8];
+#pragma GCC unroll 4
         for (int c = 0; c < 4; ++c) {
             const __m256i Q = load32(w.qs + 32 * c);
-            u.q[2 * c] = _mm256_or_si256(_mm256_and_si256(Q, m4), select_bit(H, 2 * c, 0x10));
-            u.q[2 * c + 1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(Q, 4), m4),
-                                             select_bit(H, 2 * c + 1, 0x10));
+            const __m256i lo = _mm256_or_si256(_mm256_and_si256(Q, m4), select_bit(H, 2 * c, 0x10));
+            const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(Q, 4), m4),
+                                               select_bit(H, 2 * c + 1, 0x10));
+            p[2 * c] = mul_sum_u8s8(lo, load_a(a[2 * c]));
+            p[2 * c + 1] = mul_sum_u8s8(hi, load_a(a[2 * c + 1]));
         }
-    }
-    static void sums(const Unpacked& u, const block_q8a* a, __m256i asum, __m256i& A, __m256i& X) {
-        unsigned_scaled_sums(u, a, asum, A, X);
+        A = _mm256_mullo_epi32(reduce8(p), sc);
+        X = _mm256_mullo_epi32(act_sum8(a), mn);
     }
 };
 
 struct Q6_K {
     using Block = block_q6_K;
     static constexpr bool kMin = false;
-    static constexpr bool kActSum = false;
-    using Unpacked = SignedScaled;
-    static void unpack(const Block& w, Unpacked& u) {
+    static void sums(const Block& w, const block_q8a* a, __m256i& A, __m256i& X) {
         __m256i sc[2];
         split_scales16(_mm256_cvtepi8_epi16(load16(w.scales)), sc);
         const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
         const __m256i off = _mm256_set1_epi8(32);
+        __m256i p[8];
+#pragma GCC unroll 2
         for (int h = 0; h < 2; ++h) {
             const __m256i L0 = load32(w.ql + 64 * h), L1 = load32(w.ql + 64 * h + 32);
             const __m256i Hb = load32(w.qh + 32 * h);
@@ -418,28 +371,16 @@ struct Q6_K {
                 _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(L1, 4), m4),
                                 _mm256_and_si256(_mm256_srli_epi16(Hb, 2), m30)),
             };
+#pragma GCC unroll 4
             for (int i = 0; i < 4; ++i) {
                 const int j = 4 * h + i;
-                u.v[j] = signed_bytes(_mm256_sub_epi8(q[i], off));
-                u.sc[j] = pair16(sc[h], i);
+                p[j] = mul_sum_s8s8_sc16(_mm256_sub_epi8(q[i], off), load_a(a[j]), pair16(sc[h], i));
             }
         }
-    }
-    static void sums(const Unpacked& u, const block_q8a* a, __m256i, __m256i& A, __m256i& X) {
-        signed_scaled_sums(u, a, A);
+        A = reduce8(p);
         X = _mm256_setzero_si256();
     }
 };
-
-// One super-block against its eight activation blocks, for one token.
-template <class T>
-inline void kquant_sums(const typename T::Block& w, const block_q8a* a, __m256i& A, __m256i& X) {
-    typename T::Unpacked u;
-    T::unpack(w, u);
-    __m256i asum = _mm256_setzero_si256();
-    if constexpr (T::kActSum) asum = act_sum8(a);
-    T::sums(u, a, asum, A, X);
-}
 
 template <class T>
 float dot_kquant(const void* wv, const block_q8a* a, int64_t k) {
@@ -447,7 +388,7 @@ float dot_kquant(const void* wv, const block_q8a* a, int64_t k) {
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < k / QK_K; ++i, a += 8) {
         __m256i A, X;
-        kquant_sums<T>(w[i], a, A, X);
+        T::sums(w[i], a, A, X);
         const __m256 da = act_d8(a);
         const __m256 d = _mm256_set1_ps(half1(w[i].d));
         __m256 t = _mm256_mul_ps(_mm256_mul_ps(d, da), _mm256_cvtepi32_ps(A));
@@ -465,7 +406,7 @@ void int_sums_kquant(const void* wv, const block_q8a* a, int64_t k, int32_t* A, 
     const auto* w = static_cast<const typename T::Block*>(wv);
     for (int64_t i = 0; i < k / QK_K; ++i) {
         __m256i va, vx;
-        kquant_sums<T>(w[i], a + 8 * i, va, vx);
+        T::sums(w[i], a + 8 * i, va, vx);
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(A + 8 * i), va);
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(X + 8 * i), vx);
     }

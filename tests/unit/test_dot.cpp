@@ -6,13 +6,18 @@
 //    identical on every path, on quantizer output and on arbitrary bytes;
 //  - the float result is bit-identical across paths, within 1e-5 of the sum of
 //    |terms| of the exact value on the quantized activations, and within the
-//    derived activation-rounding bound of the exact value on the raw floats.
+//    derived activation-rounding bound of the exact value on the raw floats;
+//  - the multi-token kernels (prefill) give every token the one-token kernel's
+//    bits, for 1..kDotMaxTokens tokens, ragged row lengths and arbitrary bytes,
+//    writing only their outputs; the activation packing puts every element
+//    where quant/dot.h says.
 // Fresh random data every run; the seed is printed.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <random>
 
 #include "base/fp16.h"
@@ -314,25 +319,189 @@ TEST(DotFloat, BitIdenticalAcrossPathsAndWithinTheSummationBound) {
     }
 }
 
+// ---- several tokens per call ----------------------------------------------------
+
+// n tokens' activations: as block_q8a rows (token t at t * k/32) for the
+// one-token kernels, and packed for the multi-token kernels.
+struct TokenBatch {
+    std::vector<block_q8a> blocks;
+    std::vector<int8_t> qs;
+    std::vector<float> d;
+    std::vector<int32_t> sum;
+    int64_t stride = 0;
+    ActTokens packed() const { return {qs.data(), d.data(), sum.data(), stride}; }
+    const block_q8a* token(int t, int64_t k) const { return blocks.data() + t * (k / 32); }
+};
+
+TokenBatch pack(std::vector<block_q8a> blocks, int n, int64_t k) {
+    TokenBatch b;
+    b.blocks = std::move(blocks);
+    b.stride = act_tokens_stride(k);
+    b.qs.assign(size_t(n * b.stride * 32), int8_t(99));  // garbage the packing must overwrite
+    b.d.assign(size_t(n * b.stride), -1.0f);
+    b.sum.assign(size_t(n * b.stride), -1);
+    pack_act_tokens(b.blocks.data(), n, k, b.qs.data(), b.d.data(), b.sum.data());
+    return b;
+}
+
+TokenBatch random_batch(std::mt19937& rng, int n, int64_t k) {
+    return pack(quantize_acts(random_acts(rng, n * k)), n, k);
+}
+
+TEST(ActTokens, PackingPutsEveryElementWhereTheKernelsReadIt) {
+    std::mt19937 rng(seed() + 20);
+    SCOPED_TRACE("seed " + std::to_string(seed()));
+    for (int64_t k : {32, 32 * 8, 32 * 11, 4096}) {
+        const int n = 3;
+        const TokenBatch b = random_batch(rng, n, k);
+        const int64_t nb = k / 32;
+        ASSERT_EQ(b.stride, (nb + 7) / 8 * 8);
+        ASSERT_EQ(b.packed().from(2).qs, b.qs.data() + 2 * 32 * b.stride);
+        for (int t = 0; t < n; ++t)
+            for (int64_t blk = 0; blk < b.stride; ++blk) {
+                const int64_t at = t * b.stride + blk;
+                const block_q8a* x = blk < nb ? &b.token(t, k)[blk] : nullptr;
+                ASSERT_EQ(bits_of(b.d[size_t(at)]), bits_of(x ? x->d : 0.0f)) << "token " << t << " block " << blk;
+                ASSERT_EQ(b.sum[size_t(at)], x ? x->sum : 0);
+                // Word 8s + j of group g holds elements 4s..4s+3 of block 8g + j.
+                for (int e = 0; e < 32; ++e) {
+                    const int s = e / 4, i = e % 4;
+                    const size_t pos = size_t(t * 32 * b.stride + 256 * (blk / 8) + 4 * (8 * s + blk % 8) + i);
+                    ASSERT_EQ(int(b.qs[pos]), x ? int(x->qs[e]) : 0)
+                        << "token " << t << " block " << blk << " element " << e;
+                }
+            }
+    }
+}
+
+// Runs the multi-token kernel for n tokens into every third float of a NaN
+// buffer and checks each token against the one-token kernel on the same path;
+// the floats in between must stay untouched.
+void expect_tokens_match(TensorType t, SimdPath path, const uint8_t* row, const TokenBatch& b, int n, int64_t k,
+                         bool nan_ok) {
+    const int64_t out_stride = 3;
+    std::vector<float> out(size_t(n * out_stride), std::numeric_limits<float>::quiet_NaN());
+    dot_tokens_kernel(t, path)(row, b.packed(), n, k, out.data(), out_stride);
+    for (int tok = 0; tok < n; ++tok) {
+        const float ref = dot_row_kernel(t, path)(row, b.token(tok, k), k);
+        const float got = out[size_t(tok * out_stride)];
+        if (nan_ok && std::isnan(ref)) EXPECT_TRUE(std::isnan(got)) << "token " << tok;
+        else ASSERT_EQ(bits_of(got), bits_of(ref)) << "token " << tok << " of " << n << ": " << got << " vs " << ref;
+        for (int64_t g = 1; g < out_stride; ++g)
+            ASSERT_TRUE(std::isnan(out[size_t(tok * out_stride + g)])) << "wrote outside its outputs";
+    }
+}
+
+TEST(DotTokens, EveryTokenGetsTheOneTokenKernelsBits) {
+    std::mt19937 rng(seed() + 21);
+    SCOPED_TRACE("seed " + std::to_string(seed()));
+    for (TensorType t : int_types()) {
+        std::vector<int64_t> lengths = row_lengths(t);
+        if (!is_k_type(t)) lengths.insert(lengths.end(), {32, 32 * 7, 32 * 9, 32 * 18});
+        for (int64_t k : lengths) {
+            SCOPED_TRACE(name(t) + " k=" + std::to_string(k));
+            for (int n = 1; n <= kDotMaxTokens; ++n) {
+                SCOPED_TRACE("tokens " + std::to_string(n));
+                const std::vector<uint8_t> row = quantize(t, random_weights(rng, k));
+                const TokenBatch b = random_batch(rng, n, k);
+                for (SimdPath path : available_paths()) {
+                    SCOPED_TRACE(simd_path_name(path));
+                    expect_tokens_match(t, path, row.data(), b, n, k, false);
+                    if (HasFatalFailure()) return;
+                }
+                // and so, through the one-token kernels, the scalar reference's bits
+                std::vector<float> ref(static_cast<size_t>(n)), got(static_cast<size_t>(n));
+                dot_tokens_kernel(t, SimdPath::scalar)(row.data(), b.packed(), n, k, ref.data(), 1);
+                for (SimdPath path : available_paths()) {
+                    dot_tokens_kernel(t, path)(row.data(), b.packed(), n, k, got.data(), 1);
+                    for (int tok = 0; tok < n; ++tok) ASSERT_EQ(bits_of(got[size_t(tok)]), bits_of(ref[size_t(tok)]));
+                }
+            }
+        }
+    }
+}
+
+// Any weight bytes (every scale, NaN and infinite halves, -128 quanta) and
+// activations off the quantizer's grid.
+TEST(DotTokens, ArbitraryBytesAgreeWithTheOneTokenKernel) {
+    std::mt19937 rng(seed() + 22);
+    SCOPED_TRACE("seed " + std::to_string(seed()));
+    std::uniform_int_distribution<int> byte(0, 255), act(-127, 127);
+    for (TensorType t : int_types()) {
+        for (int64_t k : row_lengths(t)) {
+            SCOPED_TRACE(name(t) + " k=" + std::to_string(k));
+            const int n = 1 + int(rng() % kDotMaxTokens);
+            std::vector<uint8_t> row(row_bytes(t, k));
+            for (uint8_t& v : row) v = uint8_t(byte(rng));
+            std::vector<block_q8a> a(size_t(n * (k / 32)));
+            for (block_q8a& blk : a) {
+                blk.d = std::ldexp(float(act(rng) + 128), -10);
+                blk.sum = 0;
+                for (int8_t& q : blk.qs) blk.sum += (q = int8_t(act(rng)));
+            }
+            const TokenBatch b = pack(a, n, k);
+            for (SimdPath path : available_paths()) {
+                SCOPED_TRACE(simd_path_name(path));
+                expect_tokens_match(t, path, row.data(), b, n, k, true);
+            }
+        }
+    }
+}
+
+TEST(DotFloatTokens, EveryTokenGetsTheOneTokenKernelsBits) {
+    std::mt19937 rng(seed() + 23);
+    SCOPED_TRACE("seed " + std::to_string(seed()));
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (TensorType t : {TensorType::F32, TensorType::F16, TensorType::BF16}) {
+        for (int64_t k : {1, 15, 16, 17, 255, 4096, 4099}) {
+            SCOPED_TRACE(name(t) + " k=" + std::to_string(k));
+            std::vector<float> src(static_cast<size_t>(k));
+            for (float& v : src) v = normal(rng);
+            const std::vector<uint8_t> row = quantize(t, src);
+            for (int n = 1; n <= kDotMaxTokens; ++n) {
+                const int64_t x_stride = k + 5, out_stride = 2;
+                std::vector<float> x(size_t(n * x_stride));
+                for (float& v : x) v = normal(rng) * (rng() % 50 == 0 ? 30.0f : 1.0f);
+                for (SimdPath path : available_paths()) {
+                    SCOPED_TRACE(std::string(simd_path_name(path)) + " tokens " + std::to_string(n));
+                    std::vector<float> out(size_t(n * out_stride), std::numeric_limits<float>::quiet_NaN());
+                    dot_float_tokens_kernel(t, path)(row.data(), x.data(), x_stride, n, k, out.data(), out_stride);
+                    for (int tok = 0; tok < n; ++tok) {
+                        const float* xt = x.data() + tok * x_stride;
+                        const float ref = dot_float_kernel(t, SimdPath::scalar)(row.data(), xt, k);
+                        ASSERT_EQ(bits_of(out[size_t(tok * out_stride)]), bits_of(ref)) << "token " << tok;
+                        ASSERT_TRUE(std::isnan(out[size_t(tok * out_stride + 1)])) << "wrote outside its outputs";
+                    }
+                }
+            }
+        }
+    }
+}
+
 TEST(DotKernels, TableCoversExactlyTheSupportedTypes) {
     for (TensorType t : int_types()) {
         EXPECT_TRUE(dot_int_type(t)) << name(t);
         for (SimdPath p : available_paths()) {
             EXPECT_NE(dot_row_kernel(t, p), nullptr) << name(t) << " " << simd_path_name(p);
             EXPECT_NE(dot_int_sums_kernel(t, p), nullptr);
+            EXPECT_NE(dot_tokens_kernel(t, p), nullptr);
             EXPECT_EQ(dot_float_kernel(t, p), nullptr);
+            EXPECT_EQ(dot_float_tokens_kernel(t, p), nullptr);
         }
     }
     for (TensorType t : {TensorType::F32, TensorType::F16, TensorType::BF16}) {
         EXPECT_TRUE(dot_float_type(t));
         EXPECT_FALSE(dot_int_type(t));
         EXPECT_EQ(dot_row_kernel(t, SimdPath::scalar), nullptr);
-        EXPECT_NE(dot_float_kernel(t, SimdPath::scalar), nullptr);
+        EXPECT_EQ(dot_tokens_kernel(t, SimdPath::scalar), nullptr);
+        for (SimdPath p : available_paths()) EXPECT_NE(dot_float_tokens_kernel(t, p), nullptr);
     }
     for (TensorType t : {TensorType::Q8_1, TensorType::Q8_K, TensorType::IQ2_XXS, TensorType::I32}) {
         EXPECT_FALSE(dot_int_type(t));
         EXPECT_FALSE(dot_float_type(t));
         EXPECT_EQ(dot_row_kernel(t, SimdPath::scalar), nullptr);
+        EXPECT_EQ(dot_tokens_kernel(t, SimdPath::scalar), nullptr);
+        EXPECT_EQ(dot_float_tokens_kernel(t, SimdPath::scalar), nullptr);
     }
     EXPECT_TRUE(simd_path_available(SimdPath::scalar));
     EXPECT_TRUE(simd_path_available(simd_path_best()));

@@ -1,8 +1,9 @@
 // backend/cpu/matmul: the threaded matmul over GGUF weight rows, for every
-// weight type and SIMD path, with batches of 1, 3, 8, 17 and 64 tokens and
-// row counts that fill no tile evenly. Checked: every output written (the
-// buffer starts as NaN), each element equal to the row kernel's result on the
-// once-quantized activations, same bits from call to call, across thread
+// weight type and SIMD path, with batches of 1..17, 40 and 64 tokens and row
+// counts that fill no tile evenly. Checked: every output written (the buffer
+// starts as NaN), each element equal to the one-token row kernel's result on
+// the once-quantized activations (so the multi-token kernels that batches
+// use give the one-token bits), same bits from call to call, across thread
 // counts and across paths, and a token's row independent of the rest of the
 // batch. Errors come back as values and leave the output untouched.
 #include <gtest/gtest.h>
@@ -104,6 +105,48 @@ TEST(Matmul, EveryTypePathAndBatchSize) {
                 if (first.empty()) first = out;
                 else expect_same_bits(out, first, "path vs scalar");
                 expect_same_bits(run(m.w, x, n, opt), out, "second call");
+            }
+        }
+    }
+}
+
+// Batches run the multi-token kernels, eight tokens a call, over tiles of
+// rows and tokens; every count of tokens that leaves a ragged call or tile,
+// and row counts from one to past two tiles, against the one-token scalar
+// kernel on each token alone (the one-token kernels agree across paths).
+TEST(Matmul, BatchesGiveEveryTokenTheOneTokenBits) {
+    std::mt19937 rng(seed() + 15);
+    SCOPED_TRACE("seed " + std::to_string(seed()));
+    std::vector<int64_t> token_counts;
+    for (int64_t n = 1; n <= 17; ++n) token_counts.push_back(n);
+    token_counts.insert(token_counts.end(), {40, 64});
+    const int64_t max_rows = 70, max_tokens = 64;
+    for (TensorType t : all_matmul_types()) {
+        // Legacy rows end in a ragged group of three blocks; K rows hold three super-blocks.
+        // Rows are padded apart, so blocks sit at only 2-byte (F32: 4-byte) aligned addresses.
+        const int64_t cols = is_k_type(t) ? 768 : dot_float_type(t) ? 100 : 32 * 11;
+        const Matrix m = make_matrix(rng, t, max_rows, cols, t == TensorType::F32 ? 4 : 6);
+        const std::vector<float> x = random_acts(rng, max_tokens * cols);
+        std::vector<float> want(size_t(max_tokens * max_rows));
+        for (int64_t tok = 0; tok < max_tokens; ++tok)
+            for (int64_t r = 0; r < max_rows; ++r)
+                want[size_t(tok * max_rows + r)] = expected(m.w, x, r, tok, SimdPath::scalar);
+        for (int64_t rows : {int64_t(1), int64_t(7), int64_t(33), max_rows}) {
+            Weight w = m.w;
+            w.rows = rows;
+            for (int64_t n : token_counts) {
+                for (SimdPath path : available_paths()) {
+                    SCOPED_TRACE(name(t) + " cols=" + std::to_string(cols) + " rows=" + std::to_string(rows) +
+                                 " tokens=" + std::to_string(n) + " " + simd_path_name(path));
+                    MatmulOptions opt;
+                    opt.path = path;
+                    opt.n_threads = n == 17 || n == 64 ? 2 : 1;  // (thread counts: next test)
+                    const std::vector<float> out = run(w, x, n, opt);
+                    for (int64_t tok = 0; tok < n; ++tok)
+                        for (int64_t r = 0; r < rows; ++r)
+                            ASSERT_EQ(bits_of(out[size_t(tok * rows + r)]), bits_of(want[size_t(tok * max_rows + r)]))
+                                << "token " << tok << " row " << r;
+                }
             }
         }
     }

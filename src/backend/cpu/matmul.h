@@ -4,9 +4,11 @@
 //
 // Quantized weights: the activations are quantized to block_q8a once per
 // call (or once by the caller, for inputs shared by several matrices), then
-// OpenMP threads split the output rows (and tokens). Every output element is
-// one call of the same row kernel on the same inputs, so results do not
-// depend on the thread count or on which other tokens share the batch.
+// OpenMP threads split the output rows (and tokens). A batch of several
+// tokens runs the multi-token kernels (eight tokens per weight-row pass),
+// which give every output element the bits of the one-token row kernel on
+// that token alone, so results do not depend on the thread count or on which
+// other tokens share the batch.
 #pragma once
 
 #include <cstdint>
