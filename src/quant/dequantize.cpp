@@ -8,13 +8,6 @@
 #include "quant/kquant_scales.h"
 #include "quant/reference.h"
 
-// a*b - c must round twice as in the reference; never fuse it into an FMA.
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
-
 namespace tern::quant::ref {
 
 // The fifth bits of q5_0 / q5_1, element j at bit j.

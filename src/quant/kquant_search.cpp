@@ -9,13 +9,6 @@
 
 #include "quant/kquant_scales.h"
 
-// Products and sums must round one at a time, as in the reference.
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
-
 namespace tern::quant {
 namespace {
 

@@ -11,13 +11,6 @@
 #include "quant/kquant_search.h"
 #include "quant/reference.h"
 
-// Products and sums must round one at a time, as in the reference.
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
-
 namespace tern::quant::ref {
 namespace {
 

@@ -8,13 +8,6 @@
 #include "base/fp16.h"
 #include "quant/reference.h"
 
-// (x - min) * id + 0.5 must round twice as in the reference; never fuse it.
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
-
 namespace tern::quant::ref {
 namespace {
 
