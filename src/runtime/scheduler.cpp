@@ -3,9 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
-#include "runtime/sampler.h"
-#include "runtime/stop.h"
-#include "text/detok.h"
+#include "runtime/token_stream.h"
 
 namespace tern::runtime {
 namespace {
@@ -20,21 +18,14 @@ double ms_between(Clock::time_point a, Clock::time_point b) {
 
 // One request in a slot: its prompt position, its sampling and text state.
 struct Scheduler::Sequence {
-    Sequence(GenerationRequest r, const Engine& engine)
-        : req(std::move(r)),
-          sampler(req.options.sampling, engine.n_vocab()),
-          detok(engine.tokenizer()),
-          stops(req.options.stop) {}
+    Sequence(GenerationRequest r, const Engine& engine, int n_ctx)
+        : req(std::move(r)), stream(engine.tokenizer(), engine.n_vocab(), n_ctx, req.options, req.prompt) {}
 
     GenerationRequest req;
     size_t n_fed = 0;         // prompt tokens in the slot (reused prefix included)
-    bool decoding = false;    // the prompt is done; `pending` is the next token to feed
-    int32_t pending = -1;
-    int limit = 0;            // tokens to generate at most
-    Sampler sampler;
-    text::Detokenizer detok;
-    StopMatcher stops;
-    GenerateResult result;
+    bool decoding = false;    // the prompt is done; stream.next_token() is the next to feed
+    TokenStream stream;       // sampling, stop conditions and text of the generated tokens
+    GenerateResult& result = stream.result();
     Clock::time_point t_admit, t_first;
 };
 
@@ -118,14 +109,12 @@ void Scheduler::admit_locked() {
         // Always evaluate the last prompt token again to get its logits.
         const size_t common = std::min(best_common, front.prompt.size() - 1);
         slot.cached.resize(common);
-        auto seq = std::make_unique<Sequence>(std::move(front), engine_);
+        auto seq = std::make_unique<Sequence>(std::move(front), engine_, n_ctx_);
         queue_.pop_front();
         seq->n_fed = common;
-        seq->limit = seq->req.options.max_tokens < 0 ? n_ctx_ : seq->req.options.max_tokens;
         seq->t_admit = Clock::now();
         seq->result.n_prompt_total = int(seq->req.prompt.size());
         seq->result.n_prompt = int(seq->req.prompt.size() - common);
-        for (int32_t t : seq->req.prompt) seq->sampler.accept(t);
         slot.seq = std::move(seq);
         ++stats_.active_sequences;
     }
@@ -147,15 +136,10 @@ void Scheduler::finish(Slot& slot, bool ok, const std::string& error) {
         if (seq->req.callbacks.on_error) seq->req.callbacks.on_error(error);
         return;
     }
-    if (r.finish == FinishReason::Length) {
-        // The end of the stream: release what the detokenizer and the stop
-        // matcher still hold.
-        const std::string tail = seq->stops.push(seq->detok.finish()) + seq->stops.flush();
-        if (!tail.empty()) {
-            r.text += tail;
-            if (seq->req.callbacks.on_text) seq->req.callbacks.on_text(tail);
-        }
-    }
+    // The end of the stream: release what the detokenizer and the stop
+    // matcher still hold.
+    const std::string tail = seq->stream.drain();
+    if (!tail.empty() && seq->req.callbacks.on_text) seq->req.callbacks.on_text(tail);
     if (seq->req.callbacks.on_done) seq->req.callbacks.on_done(r);
 }
 
@@ -163,7 +147,7 @@ bool Scheduler::step() {
     // Drop cancelled sequences first so their slots are free for the queue.
     for (Slot& slot : slots_) {
         if (slot.seq && slot.seq->req.cancelled && slot.seq->req.cancelled->load()) {
-            slot.seq->result.finish = FinishReason::Cancelled;
+            slot.seq->stream.cancel();
             finish(slot, true, {});
         }
     }
@@ -175,8 +159,8 @@ bool Scheduler::step() {
     for (size_t i = 0; i < slots_.size() && int(batch.size()) < max_batch_; ++i) {
         Slot& slot = slots_[i];
         if (!slot.seq || !slot.seq->decoding) continue;
-        batch.add(slot.seq->pending, int32_t(slot.cached.size()), int32_t(i), true);
-        slot.cached.push_back(slot.seq->pending);
+        batch.add(slot.seq->stream.next_token(), int32_t(slot.cached.size()), int32_t(i), true);
+        slot.cached.push_back(slot.seq->stream.next_token());
         row_slot.push_back(i);
         in_batch.push_back(i);
     }
@@ -210,7 +194,6 @@ bool Scheduler::step() {
         return true;
     }
 
-    const text::Tokenizer& tok = engine_.tokenizer();
     const size_t n_vocab = size_t(engine_.n_vocab());
     uint64_t new_prompt = 0, new_generated = 0;
     for (size_t r = 0; r < row_slot.size(); ++r) {
@@ -223,30 +206,11 @@ bool Scheduler::step() {
             s.result.prompt_ms = ms_between(s.t_admit, now);
             new_prompt += uint64_t(s.result.n_prompt);
         }
-        const int32_t next = s.sampler.sample(logits.data() + r * n_vocab);
-        s.sampler.accept(next);
-        if (!s.req.options.ignore_eos && tok.is_eog(next)) {
-            s.result.finish = FinishReason::Stop;
-            finish(slot, true, {});
-            continue;
-        }
-        s.result.tokens.push_back(next);
-        ++s.result.n_generated;
-        ++new_generated;
-        const std::string piece = s.stops.push(s.detok.push(next));
-        if (!piece.empty()) {
-            s.result.text += piece;
-            if (s.req.callbacks.on_text) s.req.callbacks.on_text(piece);
-        }
-        if (s.stops.stopped()) {
-            s.result.finish = FinishReason::Stop;
-            finish(slot, true, {});
-        } else if (s.result.n_generated >= s.limit || int(slot.cached.size()) >= n_ctx_) {
-            s.result.finish = FinishReason::Length;
-            finish(slot, true, {});
-        } else {
-            s.pending = next;
-        }
+        const int before = s.result.n_generated;
+        const std::string piece = s.stream.advance(logits.data() + r * n_vocab, int(slot.cached.size()) >= n_ctx_);
+        new_generated += uint64_t(s.result.n_generated - before);
+        if (!piece.empty() && s.req.callbacks.on_text) s.req.callbacks.on_text(piece);
+        if (s.stream.done()) finish(slot, true, {});
     }
     std::lock_guard<std::mutex> lock(mu_);
     stats_.prompt_tokens += new_prompt;

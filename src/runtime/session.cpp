@@ -3,8 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
-#include "runtime/stop.h"
-#include "text/detok.h"
+#include "runtime/token_stream.h"
 
 namespace tern::runtime {
 namespace {
@@ -69,8 +68,7 @@ Result<GenerateResult> Session::generate(const std::vector<int32_t>& prompt_in, 
         prompt.erase(prompt.begin(), prompt.end() - int64_t(keep));
     }
 
-    GenerateResult r;
-    r.n_prompt_total = int(prompt.size());
+    const int n_prompt_total = int(prompt.size());
 
     // Reuse the longest common prefix already in the slot; always re-evaluate
     // at least the last prompt token to get its logits.
@@ -82,47 +80,29 @@ Result<GenerateResult> Session::generate(const std::vector<int32_t>& prompt_in, 
     const auto t0 = std::chrono::steady_clock::now();
     auto logits = feed(std::vector<int32_t>(prompt.begin() + int64_t(common), prompt.end()));
     if (!logits.ok()) return logits.error();
-    r.n_prompt = int(prompt.size() - common);
-    r.prompt_ms = ms_since(t0);
+    const int n_prompt = int(prompt.size() - common);
+    const double prompt_ms = ms_since(t0);
 
-    Sampler sampler(opt.sampling, engine_.n_vocab());
-    for (int32_t t : prompt) sampler.accept(t);
-    text::Detokenizer detok(tok);
-    StopMatcher stops(opt.stop);
+    TokenStream stream(tok, engine_.n_vocab(), n_ctx, opt, prompt);
     const auto t1 = std::chrono::steady_clock::now();
-    auto emit = [&](const std::string& piece) {
-        if (piece.empty()) return true;
-        r.text += piece;
-        return on_text ? on_text(piece) : true;
-    };
-
+    auto emit = [&](const std::string& piece) { return piece.empty() || !on_text || on_text(piece); };
     std::vector<float> cur = std::move(*logits);
-    r.finish = FinishReason::Length;
-    const int limit = opt.max_tokens < 0 ? n_ctx : opt.max_tokens;
-    while (r.n_generated < limit) {
-        const int32_t next = sampler.sample(cur.data());
-        sampler.accept(next);
-        if (!opt.ignore_eos && tok.is_eog(next)) {
-            r.finish = FinishReason::Stop;
+    while (!stream.done()) {
+        const std::string piece = stream.advance(cur.data(), int(cached_.size()) >= n_ctx);
+        if (!emit(piece)) {
+            stream.cancel();
             break;
         }
-        r.tokens.push_back(next);
-        ++r.n_generated;
-        if (!emit(stops.push(detok.push(next)))) {
-            r.finish = FinishReason::Cancelled;
-            break;
-        }
-        if (stops.stopped()) {
-            r.finish = FinishReason::Stop;
-            break;
-        }
-        if (r.n_generated >= limit) break;
-        if (int(cached_.size()) >= n_ctx) break;  // context full: finish with Length
-        auto l = feed({next});
+        if (stream.done()) break;
+        auto l = feed({stream.next_token()});
         if (!l.ok()) return l.error();
         cur = std::move(*l);
     }
-    if (r.finish != FinishReason::Cancelled && !stops.stopped()) emit(stops.push(detok.finish()) + stops.flush());
+    emit(stream.drain());
+    GenerateResult r = std::move(stream.result());
+    r.n_prompt_total = n_prompt_total;
+    r.n_prompt = n_prompt;
+    r.prompt_ms = prompt_ms;
     r.generate_ms = ms_since(t1);
     return r;
 }
