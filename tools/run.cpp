@@ -32,6 +32,7 @@ struct RunOptions {
     std::optional<std::string> system;
     std::vector<std::string> stop;
     bool ignore_eos = false;
+    bool truncate = false;
     bool no_special = false;
 };
 
@@ -66,6 +67,7 @@ void run_run(const RunOptions& o, const CLI::App& cmd) {
     gen.sampling = sampling;
     gen.stop = o.stop;
     gen.ignore_eos = o.ignore_eos;
+    gen.truncate_prompt = o.truncate;
 
     std::vector<int32_t> tokens;
     if (o.chat) {
@@ -117,6 +119,8 @@ void add_run_command(CLI::App& app) {
         ->type_name("TEXT")
         ->allow_extra_args(false);
     cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past end-of-generation tokens");
+    cmd->add_flag("--truncate", o->truncate,
+                  "When the prompt does not fit the context, keep its newest tokens (half the context) instead of failing");
     cmd->add_flag("--no-special", o->no_special,
                   "Tokenize text like <|im_start|> in the prompt as plain text (default: as the control token; "
                   "--chat message contents are always plain)");

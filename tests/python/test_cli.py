@@ -338,3 +338,11 @@ def test_prompt_longer_than_the_context():
     r = tern_model("run", "-c", 16, "-p", " ".join(RNG.choice(WORDS) for _ in range(40)))
     assert r.returncode == 1
     assert "tern run: error:" in r.stderr and "does not fit" in r.stderr, r.stderr
+
+
+def test_truncate_keeps_the_newest_prompt_tokens():
+    prompt = " ".join(RNG.choice(WORDS) for _ in range(40))
+    r = tern_model("run", "-c", 16, "-p", prompt, "-n", 4, "--temp", 0, "--truncate", "-v")
+    assert r.returncode == 0, r.stderr
+    # Half the context is kept for the prompt, so 4 tokens are generated.
+    assert re.search(r"eval time =\s+[0-9.]+ ms /\s+4 tokens", r.stderr), r.stderr

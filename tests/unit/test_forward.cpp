@@ -240,3 +240,66 @@ TEST(ModelLoad, MissingTensorIsNamed) {
 }
 
 }  // namespace
+
+namespace {
+
+// Llama 3's per-frequency divisors (rope_freqs.weight) and linear RoPE scaling
+// go through the engine and the reference the same way, and do change the result.
+TEST(Forward, RopeFrequencyFactorsAndLinearScalingMatchReference) {
+    std::random_device rd;
+    const uint64_t seed = rd();
+    const std::string base = write_model(Case{"tiny", quant::FileType::ALL_F32, 0}, seed);
+    auto src = gguf::File::open(base);
+    ASSERT_TRUE(src.ok());
+    const auto hp0 = model::read_hparams(**src);
+    ASSERT_TRUE(hp0.ok());
+    const int half = hp0->rope.n_dims / 2;
+    std::vector<float> factors(static_cast<size_t>(half));
+    for (int i = 0; i < half; ++i) factors[size_t(i)] = 1.0f + 0.37f * float(i);
+
+    const std::string path = base + ".rope.gguf";
+    gguf::Writer w;
+    for (const auto& kv : (*src)->metadata()) w.set(kv.key, kv.value);
+    w.set_string("llama.rope.scaling.type", "linear");
+    w.set_f32("llama.rope.scaling.factor", 2.0f);
+    for (const auto& t : (*src)->tensors())
+        ASSERT_TRUE(w.add_tensor(t.name, t.type(), std::vector<int64_t>(t.ne, t.ne + t.n_dims)).ok());
+    ASSERT_TRUE(w.add_tensor("rope_freqs.weight", TensorType::F32, {half}).ok());
+    ASSERT_TRUE(w.begin(path).ok());
+    for (const auto& t : (*src)->tensors()) ASSERT_TRUE(w.write_tensor_data(t.data, t.n_bytes).ok());
+    ASSERT_TRUE(w.write_tensor_data(factors.data(), factors.size() * sizeof(float)).ok());
+    ASSERT_TRUE(w.finish().ok());
+
+    auto file = gguf::File::open(path);
+    ASSERT_TRUE(file.ok()) << file.error().message;
+    auto be = backend::make_cpu_backend(1);
+    auto m = model::load_model(**file, *be);
+    ASSERT_TRUE(m.ok()) << m.error().message;
+    EXPECT_FLOAT_EQ(m->hp.rope.freq_scale, 0.5f);
+    ASSERT_TRUE(bool(m->rope_freqs));
+    auto fwd = model::Forward::create(*m, *be, 16, 1, 64);
+    ASSERT_TRUE(fwd.ok());
+
+    std::mt19937 rng(static_cast<uint32_t>(seed));
+    std::uniform_int_distribution<int32_t> tok(0, m->hp.n_vocab - 1);
+    std::vector<int32_t> tokens(12);
+    for (auto& t : tokens) t = tok(rng);
+    model::Batch batch;
+    for (size_t i = 0; i < tokens.size(); ++i) batch.add(tokens[i], int32_t(i), 0, true);
+    std::vector<float> logits;
+    ASSERT_TRUE((*fwd)->run(batch, logits).ok());
+
+    ref::ReferenceForward scaled(**file, m->hp), plain(**src, *hp0);
+    const auto want = scaled.run(tokens);
+    const auto unscaled = plain.run(tokens);
+    const size_t nv = size_t(m->hp.n_vocab);
+    const size_t last = tokens.size() - 1;
+    std::vector<float> got(logits.begin() + int64_t(last * nv), logits.end());
+    EXPECT_LT(rel_error(got, want[last]), kFloatTol) << "seed " << seed;
+    // Far from the plain model's logits: the scaling took effect.
+    EXPECT_GT(rel_error(got, unscaled[last]), 10 * kFloatTol) << "seed " << seed;
+    std::filesystem::remove(base);
+    std::filesystem::remove(path);
+}
+
+}  // namespace
