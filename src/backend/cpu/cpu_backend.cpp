@@ -126,16 +126,17 @@ public:
     void attention(int layer, Tensor q, int n_heads, float scale, Tensor out) override {
         const KvCacheShape& s = kv_shape_;
         const int group = n_heads / s.n_kv_heads;
-        const int64_t work = q.rows * n_heads;
-        // One (token, head) pair per iteration: decode has one token but many heads.
+        const int64_t work = q.rows * s.n_kv_heads;
+        // One (token, KV head) pair per iteration: decode has one token but several KV heads.
 #pragma omp parallel for schedule(dynamic, 1) if (work > 1 && layout_.pos[0] + q.rows > 64)
         for (int64_t i = 0; i < work; ++i) {
-            const int64_t t = i / n_heads;
-            const int h = int(i % n_heads);
+            const int64_t t = i / s.n_kv_heads;
+            const int kvh = int(i % s.n_kv_heads);
             const size_t at = kv_offset(layer, layout_.slot[size_t(t)], 0);
-            cpu::attention_head(q.row(t) + int64_t(h) * s.head_dim, k_.data() + at, v_.data() + at,
-                                layout_.pos[size_t(t)] + 1, h / group, s.n_kv_heads, s.head_dim, scale,
-                                out.row(t) + int64_t(h) * s.head_dim);
+            const int64_t first = int64_t(kvh) * group * s.head_dim;  // first query head of the group
+            cpu::attention_kv_group(q.row(t) + first, group, k_.data() + at, v_.data() + at,
+                                    layout_.pos[size_t(t)] + 1, kvh, s.n_kv_heads, s.head_dim, scale,
+                                    out.row(t) + first);
         }
     }
 

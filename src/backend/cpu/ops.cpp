@@ -6,6 +6,11 @@
 #include <vector>
 
 #include "base/fp16.h"
+#include "quant/simd_path.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 namespace tern::backend::cpu {
 
@@ -65,26 +70,55 @@ void swiglu(float* gate, const float* up, int64_t n) {
     }
 }
 
-void attention_head(const float* q, const uint16_t* k, const uint16_t* v, int n_pos, int kv_head,
-                    int n_kv_heads, int head_dim, float scale, float* out) {
-    std::vector<float> acc(static_cast<size_t>(head_dim), 0.0f);
-    // Running max m, running denominator l, running numerator acc.
-    float m = -INFINITY, l = 0.0f;
+namespace {
+
+#if defined(__x86_64__)
+// Hardware conversion gives exactly the values fp16_to_fp32 gives, 8 at a time.
+__attribute__((target("f16c,avx"))) void fp16_row_to_fp32_f16c(const uint16_t* src, float* dst, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+    for (; i < n; ++i) dst[i] = fp16_to_fp32(src[i]);
+}
+#endif
+
+void fp16_row_to_fp32(const uint16_t* src, float* dst, int n) {
+#if defined(__x86_64__)
+    static const bool f16c = quant::simd_path_available(quant::SimdPath::avx2);
+    if (f16c) return fp16_row_to_fp32_f16c(src, dst, n);
+#endif
+    for (int i = 0; i < n; ++i) dst[i] = fp16_to_fp32(src[i]);
+}
+
+}  // namespace
+
+void attention_kv_group(const float* q, int n_q, const uint16_t* k, const uint16_t* v, int n_pos, int kv_head,
+                        int n_kv_heads, int head_dim, float scale, float* out) {
+    const size_t hd = static_cast<size_t>(head_dim);
+    std::vector<float> kf(hd), vf(hd), acc(hd * size_t(n_q), 0.0f);
+    // Per query head: running max m, running denominator l, running numerator acc.
+    std::vector<float> m(static_cast<size_t>(n_q), -INFINITY), l(static_cast<size_t>(n_q), 0.0f);
     for (int p = 0; p < n_pos; ++p) {
-        const uint16_t* kp = k + (int64_t(p) * n_kv_heads + kv_head) * head_dim;
-        const uint16_t* vp = v + (int64_t(p) * n_kv_heads + kv_head) * head_dim;
-        float dot = 0.0f;
-        for (int i = 0; i < head_dim; ++i) dot += q[i] * fp16_to_fp32(kp[i]);
-        const float s = dot * scale;
-        const float m_new = std::max(m, s);
-        const float correction = std::exp(m - m_new);  // exp(-inf) = 0 on the first step
-        const float w = std::exp(s - m_new);
-        l = l * correction + w;
-        for (int i = 0; i < head_dim; ++i) acc[size_t(i)] = acc[size_t(i)] * correction + w * fp16_to_fp32(vp[i]);
-        m = m_new;
+        fp16_row_to_fp32(k + (int64_t(p) * n_kv_heads + kv_head) * head_dim, kf.data(), head_dim);
+        fp16_row_to_fp32(v + (int64_t(p) * n_kv_heads + kv_head) * head_dim, vf.data(), head_dim);
+        for (int j = 0; j < n_q; ++j) {
+            const float* qj = q + size_t(j) * hd;
+            float dot = 0.0f;
+            for (size_t i = 0; i < hd; ++i) dot += qj[i] * kf[i];
+            const float s = dot * scale;
+            const float m_new = std::max(m[size_t(j)], s);
+            const float correction = std::exp(m[size_t(j)] - m_new);  // exp(-inf) = 0 on the first step
+            const float w = std::exp(s - m_new);
+            l[size_t(j)] = l[size_t(j)] * correction + w;
+            float* a = acc.data() + size_t(j) * hd;
+            for (size_t i = 0; i < hd; ++i) a[i] = a[i] * correction + w * vf[i];
+            m[size_t(j)] = m_new;
+        }
     }
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    for (int i = 0; i < head_dim; ++i) out[i] = acc[size_t(i)] * inv;
+    for (int j = 0; j < n_q; ++j) {
+        const float inv = l[size_t(j)] > 0.0f ? 1.0f / l[size_t(j)] : 0.0f;
+        for (size_t i = 0; i < hd; ++i) out[size_t(j) * hd + i] = acc[size_t(j) * hd + i] * inv;
+    }
 }
 
 }  // namespace tern::backend::cpu

@@ -20,10 +20,12 @@ void rope(float* x, int64_t rows, int n_heads, int head_dim, const int32_t* pos,
 // gate = silu(gate) * up, elementwise over n values.
 void swiglu(float* gate, const float* up, int64_t n);
 
-// Attention of one query head over a run of cached positions: K and V are f16
-// laid out [pos][n_kv_heads][head_dim] and this head reads KV head kv_head.
-// Online softmax, so memory stays O(head_dim) whatever the context length.
-void attention_head(const float* q, const uint16_t* k, const uint16_t* v, int n_pos, int kv_head,
-                    int n_kv_heads, int head_dim, float scale, float* out);
+// Attention of the n_q query heads that share KV head kv_head (q and out hold
+// them back to back) over a run of cached positions: K and V are f16 laid out
+// [pos][n_kv_heads][head_dim]. Each position's K and V rows are converted once
+// for the whole group. Online softmax, so memory stays O(head_dim) whatever the
+// context length; every sum runs in position and element order.
+void attention_kv_group(const float* q, int n_q, const uint16_t* k, const uint16_t* v, int n_pos, int kv_head,
+                        int n_kv_heads, int head_dim, float scale, float* out);
 
 }  // namespace tern::backend::cpu
