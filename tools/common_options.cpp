@@ -3,6 +3,7 @@
 
 #include <csignal>
 #include <charconv>
+#include <functional>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -35,57 +36,62 @@ bool parse_whole(const std::string& text, T& out, std::errc& why) {
 
 }  // namespace
 
-CLI::Option* add_int_option(CLI::App* cmd, const char* command, const std::string& names, int& dst,
-                            const std::string& help) {
+namespace {
+
+// An option whose text `parse` turns into a value, or into what the text is
+// not ("an integer", ...) for the error message.
+template <class T, class Parse>
+CLI::Option* add_parsed_option(CLI::App* cmd, const char* command, const std::string& names,
+                               const std::string& help, const char* type_name, Parse parse,
+                               std::function<void(T)> store) {
     const std::string flag = flag_display_name(names);
     return cmd
         ->add_option_function<std::string>(
             names,
-            [command, flag, &dst](const std::string& text) {
-                int v = 0;
-                std::errc why{};
-                if (!parse_whole(text, v, why))
-                    fail(command, flag + ": '" + text + "' is not " +
-                                      (why == std::errc::result_out_of_range ? "in the range of an int"
-                                                                             : "an integer"));
-                dst = v;
+            [command, flag, parse, store](const std::string& text) {
+                std::string is_not;
+                const T v = parse(text, is_not);
+                if (!is_not.empty()) fail(command, flag + ": '" + text + "' is not " + is_not);
+                store(v);
             },
             help)
-        ->type_name("INT");
+        ->type_name(type_name);
+}
+
+}  // namespace
+
+CLI::Option* add_int_option(CLI::App* cmd, const char* command, const std::string& names, int& dst,
+                            const std::string& help) {
+    auto parse = [](const std::string& text, std::string& is_not) {
+        int v = 0;
+        std::errc why{};
+        if (!parse_whole(text, v, why))
+            is_not = why == std::errc::result_out_of_range ? "in the range of an int" : "an integer";
+        return v;
+    };
+    return add_parsed_option<int>(cmd, command, names, help, "INT", parse, [&dst](int v) { dst = v; });
 }
 
 CLI::Option* add_float_option(CLI::App* cmd, const char* command, const std::string& names, float& dst,
                               const std::string& help) {
-    const std::string flag = flag_display_name(names);
-    return cmd
-        ->add_option_function<std::string>(
-            names,
-            [command, flag, &dst](const std::string& text) {
-                float v = 0;
-                std::errc why{};
-                if (!parse_whole(text, v, why) || !std::isfinite(v))
-                    fail(command, flag + ": '" + text + "' is not a finite number");
-                dst = v;
-            },
-            help)
-        ->type_name("FLOAT");
+    auto parse = [](const std::string& text, std::string& is_not) {
+        float v = 0;
+        std::errc why{};
+        if (!parse_whole(text, v, why) || !std::isfinite(v)) is_not = "a finite number";
+        return v;
+    };
+    return add_parsed_option<float>(cmd, command, names, help, "FLOAT", parse, [&dst](float v) { dst = v; });
 }
 
 CLI::Option* add_u64_option(CLI::App* cmd, const char* command, const std::string& names,
                             std::optional<uint64_t>& dst, const std::string& help) {
-    const std::string flag = flag_display_name(names);
-    return cmd
-        ->add_option_function<std::string>(
-            names,
-            [command, flag, &dst](const std::string& text) {
-                uint64_t v = 0;
-                std::errc why{};
-                if (text.empty() || text[0] == '-' || !parse_whole(text, v, why))
-                    fail(command, flag + ": '" + text + "' is not an unsigned 64-bit integer");
-                dst = v;
-            },
-            help)
-        ->type_name("UINT");
+    auto parse = [](const std::string& text, std::string& is_not) {
+        uint64_t v = 0;
+        std::errc why{};
+        if (text.empty() || text[0] == '-' || !parse_whole(text, v, why)) is_not = "an unsigned 64-bit integer";
+        return v;
+    };
+    return add_parsed_option<uint64_t>(cmd, command, names, help, "UINT", parse, [&dst](uint64_t v) { dst = v; });
 }
 
 void add_model_flags(CLI::App* cmd, const char* command, ModelFlags& f, const std::string& ctx_help) {

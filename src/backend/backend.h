@@ -75,8 +75,9 @@ public:
     // --- memory and registration ---
     virtual Result<Weight> register_weight(const gguf::TensorInfo& t) = 0;
     virtual Result<Tensor> alloc(int64_t rows, int64_t cols) = 0;   // freed with the backend
+    // A slot is never cleared: attention reads only positions 0..pos of a
+    // token's slot, and every one of those is written (kv_store) first.
     virtual Status init_kv_cache(const KvCacheShape& shape) = 0;
-    virtual void clear_kv_slot(int slot) = 0;
     virtual void upload(const float* host, Tensor dst) = 0;   // dst.rows*dst.cols floats
     virtual void download(Tensor src, float* host) = 0;
 

@@ -55,7 +55,6 @@ Result<PerplexityResult> compute_perplexity(Engine& engine, const std::vector<in
     for (int c = 0; c < n_chunks; ++c) {
         const auto t_chunk = std::chrono::steady_clock::now();
         const size_t start = size_t(c) * size_t(n_ctx);
-        engine.backend().clear_kv_slot(opt.slot);
         for (int j = 0; j < n_ctx; j += max_batch) {
             const int n = std::min(max_batch, n_ctx - j);
             model::Batch b;
@@ -88,7 +87,6 @@ Result<PerplexityResult> compute_perplexity(Engine& engine, const std::vector<in
             on_chunk(p);
         }
     }
-    engine.backend().clear_kv_slot(opt.slot);
     r.total_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_start).count();
 
     const double n = double(r.n_scored);

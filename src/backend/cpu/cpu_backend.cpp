@@ -73,8 +73,6 @@ public:
         return {};
     }
 
-    void clear_kv_slot(int) override {}  // positions are overwritten before they are read
-
     void upload(const float* host, Tensor dst) override {
         std::memcpy(dst.data, host, size_t(dst.rows * dst.cols) * sizeof(float));
     }
