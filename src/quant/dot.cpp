@@ -1,9 +1,12 @@
 // Picks the dot-product kernel for a (type, path) pair from the tables the
 // per-path files export; unavailable paths and unsupported types give null.
-// Also the packing of activations for the multi-token kernels.
+// Also the packing of activations for the multi-token kernels, and the
+// per-block terms summed in the CUDA kernels' chunked order.
 #include "quant/dot.h"
 
 #include <cstring>
+#include <limits>
+#include <string>
 
 #include "quant/dot_internal.h"
 
@@ -83,6 +86,48 @@ DotFloatTokensFn dot_float_tokens_kernel(TensorType type, SimdPath path) {
     case TensorType::BF16: return k->bf16_tokens;
     default: return nullptr;
     }
+}
+
+Status dot_block_terms(TensorType type, const void* w_row, const block_q8a* a, int64_t k, float* terms) {
+    const detail::DotTermsFn fn = detail::block_terms_scalar(type);
+    if (!fn) return Error{"dot_block_terms: type " + tensor_type_name(uint32_t(type)) + " has no integer dot product"};
+    const auto info = tensor_type_info(uint32_t(type));
+    if (k < 0 || k % int64_t(info->block_elems) != 0)
+        return Error{"dot_block_terms: row length " + std::to_string(k) + " is not a whole number of " +
+                     tensor_type_name(uint32_t(type)) + " blocks (" + std::to_string(info->block_elems) + " elements)"};
+    fn(w_row, a, k, terms);
+    return {};
+}
+
+float sum_terms_chunked(const float* terms, int64_t n_blocks) {
+    float r = 0.0f;
+    for (int64_t first = 0; first < n_blocks; first += 8) {
+        const int64_t end = first + 8 < n_blocks ? first + 8 : n_blocks;
+        float c = terms[first];
+        for (int64_t b = first + 1; b < end; ++b) c = c + terms[b];
+        r = r + c;
+    }
+    return r;
+}
+
+float dot_row_chunked(TensorType type, const void* w_row, const block_q8a* a, int64_t k) {
+    const detail::DotTermsFn fn = detail::block_terms_scalar(type);
+    const auto info = tensor_type_info(uint32_t(type));
+    if (!fn || k < 0 || k % int64_t(info->block_elems) != 0) return std::numeric_limits<float>::quiet_NaN();
+    // One chunk (256 elements: eight legacy blocks or one super-block) at a
+    // time, so no buffer grows with the row.
+    const int64_t chunk_bytes = int64_t(256 / info->block_elems) * info->block_bytes;
+    const auto* w = static_cast<const uint8_t*>(w_row);
+    float r = 0.0f;
+    for (int64_t i = 0; 256 * i < k; ++i) {
+        const int64_t n = k - 256 * i < 256 ? k - 256 * i : 256;
+        float t[8];
+        fn(w + i * chunk_bytes, a + 8 * i, n, t);
+        float c = t[0];
+        for (int64_t b = 1; b < n / 32; ++b) c = c + t[b];
+        r = r + c;
+    }
+    return r;
 }
 
 int64_t act_tokens_stride(int64_t k) { return (k / QK8A + 7) / 8 * 8; }

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 
+#include "base/result.h"
 #include "gguf/tensor_type.h"
 #include "quant/act_quant.h"
 #include "quant/simd_path.h"
@@ -84,5 +85,27 @@ DotIntSumsFn dot_int_sums_kernel(TensorType type, SimdPath path);
 DotFloatFn dot_float_kernel(TensorType type, SimdPath path);
 DotTokensFn dot_tokens_kernel(TensorType type, SimdPath path);
 DotFloatTokensFn dot_float_tokens_kernel(TensorType type, SimdPath path);
+
+// ---- the per-block terms, and the order the CUDA kernels sum them in --------
+//
+// Every integer dot product is a sum of one float term t_b per 32-element
+// block (docs/cpu-kernels.md). The CPU kernels fold them into eight lanes;
+// the CUDA kernels (backend/cuda/kernels.h) sum them in chunks instead. These
+// give the terms themselves and that chunked order, so a GPU result can be
+// checked bit for bit on the CPU.
+
+// Writes t_b for b < k/32 exactly as the dot kernels form it. Errors for types
+// without an integer dot product and for k that is negative or not a whole
+// number of the type's blocks.
+Status dot_block_terms(TensorType type, const void* w_row, const block_q8a* a, int64_t k, float* terms);
+
+// The chunked order: blocks go eight at a time (the last chunk may be
+// shorter); a chunk sums as c = t_8i, c = c + t_8i+1, ... left to right; the
+// result starts at +0.0f and adds c_0, c_1, ... in order.
+float sum_terms_chunked(const float* terms, int64_t n_blocks);
+
+// sum_terms_chunked over dot_block_terms of the row; NaN where
+// dot_block_terms would return an error.
+float dot_row_chunked(TensorType type, const void* w_row, const block_q8a* a, int64_t k);
 
 }  // namespace tern::quant

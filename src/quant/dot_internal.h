@@ -38,6 +38,12 @@ const PathKernels* path_kernels_scalar();
 const PathKernels* path_kernels_avx2();    // nullptr unless built for x86 with the flags
 const PathKernels* path_kernels_avx512();  // likewise
 
+// The float term t_b of every 32-element block of a row, in block order: the
+// values each path adds into its eight lanes (scalar code, one kernel per
+// integer type; nullptr for other types). dot_block_terms() is its public face.
+using DotTermsFn = void (*)(const void* w_row, const block_q8a* a, int64_t k, float* terms);
+DotTermsFn block_terms_scalar(TensorType type);
+
 // The scalar activation quantizer (act_quant.cpp), the reference the SIMD
 // quantizers reproduce bit for bit.
 void quantize_act_row_scalar(const float* x, block_q8a* y, int64_t k);

@@ -2,6 +2,8 @@
 // each block's exact integer sums and combine them in the documented float
 // order (dot_internal.h). The SIMD paths must return the same bits. Built
 // with -ffp-contract=off so no compiler may fuse a multiply into an add.
+// The per-block float terms are also exported on their own (block_terms_scalar)
+// so that other summation orders, the CUDA kernels' among them, have a CPU twin.
 #include "base/fp16.h"
 #include "quant/dot_internal.h"
 
@@ -91,16 +93,26 @@ struct Q8_0 {
     }
 };
 
+// The float term t_b of one block, from its exact integer sums.
+template <class T>
+float legacy_term(const typename T::Block& w, const block_q8a& a) {
+    const int32_t A = T::w_sum(w, a), S = T::x_sum(a);
+    return T::term(w, a, A, S);
+}
+
 template <class T>
 float dot_legacy(const void* wv, const block_q8a* a, int64_t k) {
     const auto* w = static_cast<const typename T::Block*>(wv);
     Lanes8 acc;
     lanes8_clear(acc);
-    for (int64_t b = 0; b < k / 32; ++b) {
-        const int32_t A = T::w_sum(w[b], a[b]), S = T::x_sum(a[b]);
-        acc.v[b % 8] += T::term(w[b], a[b], A, S);
-    }
+    for (int64_t b = 0; b < k / 32; ++b) acc.v[b % 8] += legacy_term<T>(w[b], a[b]);
     return lanes8_total(acc);
+}
+
+template <class T>
+void terms_legacy(const void* wv, const block_q8a* a, int64_t k, float* terms) {
+    const auto* w = static_cast<const typename T::Block*>(wv);
+    for (int64_t b = 0; b < k / 32; ++b) terms[b] = legacy_term<T>(w[b], a[b]);
 }
 
 template <class T>
@@ -229,17 +241,31 @@ struct Q6_K {
     }
 };
 
+// The float terms of a super-block's eight 32-element blocks.
+template <class T>
+void kquant_terms(const typename T::Block& w, const block_q8a* a, float* terms) {
+    int32_t A[8], X[8];
+    T::sums(w, a, A, X);
+    for (int j = 0; j < 8; ++j) terms[j] = T::term(w, a[j], A[j], X[j]);
+}
+
 template <class T>
 float dot_kquant(const void* wv, const block_q8a* a, int64_t k) {
     const auto* w = static_cast<const typename T::Block*>(wv);
     Lanes8 acc;
     lanes8_clear(acc);
     for (int64_t i = 0; i < k / QK_K; ++i, a += 8) {
-        int32_t A[8], X[8];
-        T::sums(w[i], a, A, X);
-        for (int j = 0; j < 8; ++j) acc.v[j] += T::term(w[i], a[j], A[j], X[j]);
+        float t[8];
+        kquant_terms<T>(w[i], a, t);
+        for (int j = 0; j < 8; ++j) acc.v[j] += t[j];
     }
     return lanes8_total(acc);
+}
+
+template <class T>
+void terms_kquant(const void* wv, const block_q8a* a, int64_t k, float* terms) {
+    const auto* w = static_cast<const typename T::Block*>(wv);
+    for (int64_t i = 0; i < k / QK_K; ++i) kquant_terms<T>(w[i], a + 8 * i, terms + 8 * i);
 }
 
 template <class T>
@@ -275,11 +301,7 @@ void dot_legacy_tokens(const void* wv, const ActTokens& a, int n, int64_t k, flo
     for (int t = 0; t < n; ++t) {
         Lanes8 acc;
         lanes8_clear(acc);
-        for (int64_t b = 0; b < k / 32; ++b) {
-            const block_q8a x = act_block(a, t, b);
-            const int32_t A = T::w_sum(w[b], x), S = T::x_sum(x);
-            acc.v[b % 8] += T::term(w[b], x, A, S);
-        }
+        for (int64_t b = 0; b < k / 32; ++b) acc.v[b % 8] += legacy_term<T>(w[b], act_block(a, t, b));
         out[t * out_stride] = lanes8_total(acc);
     }
 }
@@ -293,9 +315,9 @@ void dot_kquant_tokens(const void* wv, const ActTokens& a, int n, int64_t k, flo
         for (int64_t i = 0; i < k / QK_K; ++i) {
             block_q8a x[8];
             for (int j = 0; j < 8; ++j) x[j] = act_block(a, t, 8 * i + j);
-            int32_t A[8], X[8];
-            T::sums(w[i], x, A, X);
-            for (int j = 0; j < 8; ++j) acc.v[j] += T::term(w[i], x[j], A[j], X[j]);
+            float terms[8];
+            kquant_terms<T>(w[i], x, terms);
+            for (int j = 0; j < 8; ++j) acc.v[j] += terms[j];
         }
         out[t * out_stride] = lanes8_total(acc);
     }
@@ -328,5 +350,21 @@ const PathKernels kScalar = {
 }  // namespace
 
 const PathKernels* path_kernels_scalar() { return &kScalar; }
+
+DotTermsFn block_terms_scalar(TensorType type) {
+    switch (type) {
+    case TensorType::Q4_0: return terms_legacy<Q4_0>;
+    case TensorType::Q4_1: return terms_legacy<Q4_1>;
+    case TensorType::Q5_0: return terms_legacy<Q5_0>;
+    case TensorType::Q5_1: return terms_legacy<Q5_1>;
+    case TensorType::Q8_0: return terms_legacy<Q8_0>;
+    case TensorType::Q2_K: return terms_kquant<Q2_K>;
+    case TensorType::Q3_K: return terms_kquant<Q3_K>;
+    case TensorType::Q4_K: return terms_kquant<Q4_K>;
+    case TensorType::Q5_K: return terms_kquant<Q5_K>;
+    case TensorType::Q6_K: return terms_kquant<Q6_K>;
+    default: return nullptr;
+    }
+}
 
 }  // namespace tern::quant::detail
