@@ -53,6 +53,7 @@ struct RopeParams {
 struct BatchLayout {
     std::vector<int32_t> slot;  // KV-cache slot per token
     std::vector<int32_t> pos;   // position within its sequence
+    int n_logits = -1;          // rows the step will gather for logits (-1: not known)
 };
 
 // Per-layer K and V for every slot and position, f16.
@@ -62,6 +63,7 @@ struct KvCacheShape {
     int n_ctx = 0;               // positions per slot
     int n_kv_heads = 0;
     int head_dim = 0;
+    int n_heads = 0;             // query heads (sizes per-head attention scratch; 0: n_kv_heads)
     size_t bytes() const {
         return size_t(2) * n_layers * n_slots * n_ctx * n_kv_heads * head_dim * sizeof(uint16_t);
     }
@@ -110,9 +112,17 @@ public:
     // The first error any operation hit since the last call (operations are
     // issued without a status each, as a GPU queue would run them), then clears it.
     virtual Status take_error() = 0;
+
+    // Device memory this backend holds (weights, KV cache, workspace), in bytes;
+    // 0 for a backend that uses host memory.
+    virtual size_t device_bytes() const { return 0; }
 };
 
 // The CPU backend; threads <= 0 means all cores.
 std::unique_ptr<Backend> make_cpu_backend(int threads = 0);
+
+// The CUDA backend on GPU `device`, or an error naming why it cannot be had
+// (a build without CUDA, no driver, no such device).
+Result<std::unique_ptr<Backend>> make_cuda_backend(int device = 0);
 
 }  // namespace tern::backend

@@ -1,4 +1,5 @@
 // GPU discovery for builds without the CUDA backend: there are none to find.
+#include "backend/backend.h"
 #include "backend/gpu.h"
 
 namespace tern::backend {
@@ -6,5 +7,9 @@ namespace tern::backend {
 bool built_with_cuda() { return false; }
 std::string cuda_architectures() { return {}; }
 Result<std::vector<GpuInfo>> list_gpus() { return std::vector<GpuInfo>{}; }
+
+Result<std::unique_ptr<Backend>> make_cuda_backend(int) {
+    return Error{"this build of tern has no CUDA backend (configure with -DTERN_CUDA=ON on a machine with the CUDA toolkit)"};
+}
 
 }  // namespace tern::backend

@@ -16,6 +16,7 @@ backend::KvCacheShape Forward::kv_shape(const Model& model, int n_slots, int n_c
     s.n_ctx = n_ctx;
     s.n_kv_heads = model.hp.n_head_kv;
     s.head_dim = model.hp.head_dim;
+    s.n_heads = model.hp.n_head;
     return s;
 }
 
@@ -24,8 +25,6 @@ Result<std::unique_ptr<Forward>> Forward::create(const Model& model, backend::Ba
     if (max_tokens < 1) return Error{"forward: max_tokens must be at least 1"};
     if (n_slots < 1 || n_ctx < 1) return Error{"forward: the KV cache needs at least one slot and one position"};
     std::unique_ptr<Forward> f(new Forward(model, be, max_tokens));
-    f->kv_ = kv_shape(model, n_slots, n_ctx);
-    if (Status s = be.init_kv_cache(f->kv_); !s.ok()) return Error{s.message()};
     const Hparams& h = model.hp;
     const int64_t n = max_tokens;
     struct Want { Tensor* t; int64_t cols; };
@@ -43,6 +42,9 @@ Result<std::unique_ptr<Forward>> Forward::create(const Model& model, backend::Ba
         if (!t.ok()) return Error{"forward workspace: " + t.error().message};
         *w.t = *t;
     }
+    // After the workspace, so a backend can size per-token scratch from it.
+    f->kv_ = kv_shape(model, n_slots, n_ctx);
+    if (Status s = be.init_kv_cache(f->kv_); !s.ok()) return Error{s.message()};
     return f;
 }
 
@@ -74,7 +76,7 @@ Status Forward::run(const Batch& batch, std::vector<float>& logits) {
     if (m_.rope_freqs) rope.freq_factors = &m_.rope_freqs;
     const float scale = 1.0f / std::sqrt(float(h.head_dim));
 
-    be_.set_batch(backend::BatchLayout{batch.slot, batch.pos});
+    be_.set_batch(backend::BatchLayout{batch.slot, batch.pos, int(batch.logits_for.size())});
     // x = embedding rows of the tokens
     be_.embed(m_.token_embd, batch.tokens, x);
     for (int il = 0; il < h.n_layer; ++il) {

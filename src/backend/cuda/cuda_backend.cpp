@@ -1,0 +1,569 @@
+// The CUDA backend: weights registered into device memory at load (q6_K
+// repacked to 224-byte blocks unless TERN_CUDA_Q6K=raw), activations and the
+// f16 KV cache on the device, one stream in issue order. Every operation only
+// enqueues; the first CUDA error is kept and returned by take_error() at the
+// sync points (download, synchronize), as the Backend contract says.
+//
+// Decode steps are captured once per batch shape as a CUDA graph and replayed:
+// set_batch() starts a step, download() ends it. A shape is captured on its
+// second occurrence (the first runs eagerly, so lazy uploads and workspace
+// growth never happen inside a capture); on replay the operations only do their
+// host-side part (the embedding rows, the batch arrays) and the graph runs at
+// download().
+#include <cuda_runtime.h>
+#include <omp.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/ops.h"
+#include "quant/quant.h"
+
+namespace tern::backend {
+namespace {
+
+std::string mib(size_t bytes) { return std::to_string((bytes + (1u << 19)) >> 20) + " MiB"; }
+
+Error cuda_failure(const std::string& what, cudaError_t e) {
+    return Error{"cuda: " + what + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")"};
+}
+
+// A registered weight's device side.
+struct DeviceWeight {
+    cuda::DevWeight dev;          // 2-D weights used by matmul (data null until uploaded)
+    const float* vec = nullptr;   // 1-D weights as f32 on the device
+    const void* host = nullptr;   // the file's bytes, for lazy upload and the embedding
+    size_t file_bytes = 0;
+    bool deferred = false;        // uploaded at first matmul use (the embedding table)
+};
+
+class CudaBackend final : public Backend {
+public:
+    static Result<std::unique_ptr<Backend>> create(int device) {
+        int n = 0;
+        if (cudaError_t e = cudaGetDeviceCount(&n); e != cudaSuccess) return cuda_failure("no usable GPU", e);
+        if (device < 0 || device >= n)
+            return Error{"cuda: GPU " + std::to_string(device) + " does not exist (" + std::to_string(n) +
+                         " visible)"};
+        if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) return cuda_failure("cudaSetDevice", e);
+        cudaDeviceProp p{};
+        if (cudaError_t e = cudaGetDeviceProperties(&p, device); e != cudaSuccess)
+            return cuda_failure("cudaGetDeviceProperties", e);
+        if (p.major < 8)
+            return Error{"cuda: GPU " + std::to_string(device) + " (" + p.name + ") has compute capability " +
+                         std::to_string(p.major) + "." + std::to_string(p.minor) + "; tern needs 8.0 or newer"};
+        std::unique_ptr<CudaBackend> be(new CudaBackend(device));
+        if (cudaError_t e = cudaStreamCreateWithFlags(&be->stream_, cudaStreamNonBlocking); e != cudaSuccess)
+            return cuda_failure("cudaStreamCreate", e);
+        const char* layout = std::getenv("TERN_CUDA_Q6K");
+        be->pad_q6k_ = !(layout && std::string(layout) == "raw");
+        const char* graphs = std::getenv("TERN_CUDA_GRAPHS");
+        be->graphs_enabled_ = !(graphs && std::string(graphs) == "0");
+        return std::unique_ptr<Backend>(std::move(be));
+    }
+
+    ~CudaBackend() override {
+        cudaSetDevice(device_);
+        if (stream_) cudaStreamSynchronize(stream_);
+        for (auto& [key, g] : graphs_)
+            if (g.exec) cudaGraphExecDestroy(g.exec);
+        for (void* p : device_allocs_) cudaFree(p);
+        for (void* p : host_allocs_) cudaFreeHost(p);
+        if (stream_) cudaStreamDestroy(stream_);
+    }
+
+    std::string name() const override { return "cuda"; }
+    size_t device_bytes() const override { return device_bytes_; }
+
+    // ---- memory and registration ----------------------------------------------
+
+    Result<Weight> register_weight(const gguf::TensorInfo& t) override {
+        if (!tensor_type_supported(t.type_id))
+            return Error{"tensor '" + t.name + "': unsupported tensor type " + tensor_type_name(t.type_id)};
+        Weight w;
+        w.name = t.name;
+        w.type = t.type();
+        w.cols = t.ne[0];
+        w.rows = t.n_elements / t.ne[0];
+        w.host = t.data;
+        w.row_bytes = quant::row_bytes(w.type, w.cols);
+        if (w.row_bytes == 0)
+            return Error{"tensor '" + t.name + "': row length " + std::to_string(w.cols) +
+                         " is not a whole number of " + tensor_type_name(t.type_id) + " blocks"};
+        DeviceWeight& d = weights_.emplace_back();
+        d.host = t.data;
+        d.file_bytes = w.row_bytes * size_t(w.rows);
+        w.impl = &d;
+        if (w.rows == 1) {
+            // 1-D parameters (norm scales, biases, rope factors) are f32 on the device.
+            std::vector<float> f(size_t(w.cols));
+            if (Status s = quant::dequantize_row(w.type, t.data, f.data(), w.cols); !s.ok())
+                return Error{"tensor '" + t.name + "': " + s.message()};
+            auto mem = device_alloc(f.size() * sizeof(float), t.name);
+            if (!mem.ok()) return mem.error();
+            if (cudaError_t e = copy_to_device(*mem, f.data(), f.size() * sizeof(float)); e != cudaSuccess)
+                return cuda_failure("uploading '" + t.name + "'", e);
+            d.vec = static_cast<const float*>(*mem);
+            return w;
+        }
+        const auto wt = cuda::WType(t.type_id);
+        const bool known = cuda::int_type(wt) || wt == cuda::WType::F32 || wt == cuda::WType::F16 ||
+                           wt == cuda::WType::BF16;
+        if (!known) {
+            // The embedding table may be of any type: the lookup reads the file.
+            // Any other matrix needs a kernel.
+            if (t.name != "token_embd.weight")
+                return Error{"cuda: tensor '" + t.name + "' has type " + tensor_type_name(t.type_id) +
+                             ", which has no CUDA matmul kernel (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, "
+                             "Q5_1, Q8_0, Q4_K, Q5_K, Q6_K; use --backend cpu)"};
+            d.dev.type = wt;
+            d.deferred = true;
+            return w;
+        }
+        d.dev.type = wt;
+        d.dev.rows = w.rows;
+        d.dev.cols = w.cols;
+        d.dev.block_stride = cuda::file_block_bytes(wt);
+        d.dev.row_stride = int64_t(w.row_bytes);
+        // The embedding table is read on the host; it goes to the GPU only if
+        // it is also the output matrix (tied embeddings), at first use.
+        if (t.name == "token_embd.weight") {
+            d.deferred = true;
+            return w;
+        }
+        if (Status s = upload_weight(w.name, d); !s.ok()) return Error{s.message()};
+        return w;
+    }
+
+    Result<Tensor> alloc(int64_t rows, int64_t cols) override {
+        if (rows < 1 || cols < 1 || rows > (int64_t(1) << 40) / cols)
+            return Error{"cuda alloc: bad shape " + std::to_string(rows) + " x " + std::to_string(cols)};
+        auto mem = device_alloc(size_t(rows * cols) * sizeof(float), "activations");
+        if (!mem.ok()) return mem.error();
+        // Every matmul input is one of these tensors: size the quantized
+        // activations and the per-token arrays for the largest.
+        if (cols % 32 == 0)
+            if (Status s = reserve_act(rows * (cols / 32)); !s.ok()) return Error{s.message()};
+        if (Status s = reserve_tokens(rows); !s.ok()) return Error{s.message()};
+        if (Status s = reserve_embed(rows * cols); !s.ok()) return Error{s.message()};
+        return Tensor{static_cast<float*>(*mem), rows, cols};
+    }
+
+    Status init_kv_cache(const KvCacheShape& s) override {
+        if (s.n_layers < 1 || s.n_slots < 1 || s.n_ctx < 1 || s.n_kv_heads < 1 || s.head_dim < 1)
+            return Error{"kv cache: every dimension must be positive"};
+        if (!cuda::attention_supported(n_heads_hint(s), s.n_kv_heads, s.head_dim))
+            return Error{"cuda: attention with " + std::to_string(n_heads_hint(s)) + " query heads, " +
+                         std::to_string(s.n_kv_heads) + " KV heads and head dimension " +
+                         std::to_string(s.head_dim) + " is not supported (head dimension a multiple of 32 up to 256)"};
+        auto k = device_alloc(s.bytes() / 2, "the KV cache (K)");
+        if (!k.ok()) return Error{k.error().message};
+        auto v = device_alloc(s.bytes() / 2, "the KV cache (V)");
+        if (!v.ok()) return Error{v.error().message};
+        kv_shape_ = s;
+        k_ = static_cast<uint16_t*>(*k);
+        v_ = static_cast<uint16_t*>(*v);
+        const size_t ws = cuda::attention_workspace_bytes(token_capacity_, n_heads_hint(s), s.head_dim, s.n_ctx);
+        if (ws > 0) {
+            auto w = device_alloc(ws, "the attention workspace");
+            if (!w.ok()) return Error{w.error().message};
+            attn_ws_ = static_cast<float*>(*w);
+            attn_ws_bytes_ = ws;
+        }
+        return {};
+    }
+
+    void upload(const float* host, Tensor dst) override {
+        check(cudaMemcpyAsync(dst.data, host, size_t(dst.rows * dst.cols) * sizeof(float), cudaMemcpyHostToDevice,
+                              stream_),
+              "upload");
+        check(cudaStreamSynchronize(stream_), "upload");
+    }
+
+    void download(Tensor src, float* host) override {
+        finish_step();
+        check(cudaMemcpyAsync(host, src.data, size_t(src.rows * src.cols) * sizeof(float), cudaMemcpyDeviceToHost,
+                              stream_),
+              "download");
+        check(cudaStreamSynchronize(stream_), "download");
+    }
+
+    // ---- per-batch state --------------------------------------------------------
+
+    void set_batch(const BatchLayout& layout) override {
+        finish_step();
+        const int64_t n = int64_t(layout.pos.size());
+        if (n > token_capacity_) {
+            note(Error{"cuda: batch of " + std::to_string(n) + " tokens exceeds the workspace"});
+            return;
+        }
+        std::memcpy(pos_host_, layout.pos.data(), size_t(n) * sizeof(int32_t));
+        std::memcpy(slot_host_, layout.slot.data(), size_t(n) * sizeof(int32_t));
+        begin_step(n, layout.n_logits);
+        if (replaying_) return;  // the graph copies the arrays
+        check(cudaMemcpyAsync(pos_dev_, pos_host_, size_t(n) * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
+              "batch positions");
+        check(cudaMemcpyAsync(slot_dev_, slot_host_, size_t(n) * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
+              "batch slots");
+    }
+
+    // ---- operations -------------------------------------------------------------
+
+    void embed(const Weight& table, const std::vector<int32_t>& tokens, Tensor out) override {
+        // Rows dequantized on the host with the reference code (the CPU's
+        // bits), then one copy: a token's row is 2-16 KiB, not worth a kernel.
+        const auto* base = static_cast<const uint8_t*>(table.host);
+        const int64_t n = int64_t(tokens.size());
+        if (n * table.cols > embed_capacity_) {
+            note(Error{"cuda: embedding of " + std::to_string(n) + " tokens exceeds the workspace"});
+            return;
+        }
+        Status err;
+#pragma omp parallel for schedule(static) if (n > 16)
+        for (int64_t t = 0; t < n; ++t) {
+            Status s = quant::dequantize_row(table.type, base + size_t(tokens[size_t(t)]) * table.row_bytes,
+                                             embed_host_ + t * table.cols, table.cols);
+            if (!s.ok()) {
+#pragma omp critical
+                err = s;
+            }
+        }
+        if (!err.ok()) note(err);
+        if (replaying_) return;  // the graph holds the copy
+        check(cudaMemcpyAsync(out.data, embed_host_, size_t(n * table.cols) * sizeof(float), cudaMemcpyHostToDevice,
+                              stream_),
+              "embedding rows");
+    }
+
+    void rms_norm(Tensor x, const Weight& w, float eps, Tensor out) override {
+        if (replaying_) return;
+        cuda::rms_norm(x.data, w ? vec(w) : nullptr, eps, out.data, x.rows, x.cols, stream_);
+        launched("rms_norm");
+    }
+
+    void matmul(const Weight& w, Tensor x, Tensor y, const Weight* bias) override {
+        if (replaying_) return;
+        auto& d = *static_cast<DeviceWeight*>(w.impl);
+        if (d.deferred && !d.dev.data) {
+            if (!cuda::int_type(d.dev.type) && d.dev.type != cuda::WType::F32 && d.dev.type != cuda::WType::F16 &&
+                d.dev.type != cuda::WType::BF16) {
+                note(Error{"cuda: tensor '" + w.name + "' has type " + tensor_type_name(uint32_t(w.type)) +
+                           ", which has no CUDA matmul kernel (use --backend cpu)"});
+                return;
+            }
+            if (capturing_) {
+                note(Error{"cuda: internal error: first use of '" + w.name + "' inside a graph capture"});
+                return;
+            }
+            if (Status s = upload_weight(w.name, d); !s.ok()) {
+                note(s);
+                return;
+            }
+        }
+        const int64_t n = x.rows;
+        if (cuda::int_type(d.dev.type)) {
+            const cuda::DevAct a{act_qs_, act_d_, act_sum_, x.cols / 32};
+            cuda::quantize_act(x.data, x.cols, n, x.cols, a, stream_);
+            if (n <= cuda::kMmvqMaxTokens)
+                cuda::mmvq(d.dev, a, int(n), y.data, y.cols, stream_);
+            else
+                cuda::mmq(d.dev, a, n, y.data, y.cols, stream_);
+        } else {
+            cuda::matmul_float(d.dev, x.data, n, y.data, stream_);
+        }
+        if (bias) cuda::add_bias(y.data, vec(*bias), n, y.cols, stream_);
+        launched("matmul");
+    }
+
+    void rope(Tensor x, int n_heads, int head_dim, const RopeParams& rope) override {
+        if (replaying_) return;
+        cuda::RopeArgs r;
+        r.n_heads = n_heads;
+        r.head_dim = head_dim;
+        r.n_dims = rope.n_dims;
+        r.neox = rope.neox;
+        r.freq_base = rope.freq_base;
+        r.freq_scale = rope.freq_scale;
+        r.freq_factors = rope.freq_factors ? vec(*rope.freq_factors) : nullptr;
+        cuda::rope(x.data, x.rows, pos_dev_, r, stream_);
+        launched("rope");
+    }
+
+    void kv_store(int layer, Tensor k, Tensor v) override {
+        if (replaying_) return;
+        cuda::kv_store(kv_layer(layer), k.data, v.data, k.rows, slot_dev_, pos_dev_, stream_);
+        launched("kv_store");
+    }
+
+    void attention(int layer, Tensor q, int n_heads, float scale, Tensor out) override {
+        if (replaying_) return;
+        cuda::attention(kv_layer(layer), q.data, q.rows, n_heads, scale, slot_dev_, pos_dev_, out.data, attn_ws_,
+                        stream_);
+        launched("attention");
+    }
+
+    void swiglu(Tensor gate, Tensor up) override {
+        if (replaying_) return;
+        cuda::swiglu(gate.data, up.data, gate.rows * gate.cols, stream_);
+        launched("swiglu");
+    }
+
+    void add(Tensor x, Tensor y) override {
+        if (replaying_) return;
+        cuda::add(x.data, y.data, x.rows * x.cols, stream_);
+        launched("add");
+    }
+
+    void gather_rows(Tensor x, const std::vector<int32_t>& rows, Tensor out) override {
+        const int64_t n = int64_t(rows.size());
+        if (n > token_capacity_) {
+            note(Error{"cuda: gather of " + std::to_string(n) + " rows exceeds the workspace"});
+            return;
+        }
+        std::memcpy(rows_host_, rows.data(), size_t(n) * sizeof(int32_t));
+        if (replaying_) return;
+        check(cudaMemcpyAsync(rows_dev_, rows_host_, size_t(n) * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
+              "gather rows");
+        cuda::gather_rows(x.data, x.cols, rows_dev_, n, out.data, stream_);
+        launched("gather_rows");
+    }
+
+    void synchronize() override {
+        finish_step();
+        check(cudaStreamSynchronize(stream_), "synchronize");
+    }
+
+    Status take_error() override {
+        Status s = std::move(error_);
+        error_ = {};
+        return s;
+    }
+
+private:
+    explicit CudaBackend(int device) : device_(device) {}
+
+    // ---- error bookkeeping ----
+    void note(const Status& s) {
+        if (error_.ok()) error_ = s;
+    }
+    void check(cudaError_t e, const char* what) {
+        if (e != cudaSuccess) note(cuda_failure(what, e));
+    }
+    void launched(const char* what) { check(cudaGetLastError(), what); }
+
+    // ---- memory ----
+    Result<void*> device_alloc(size_t bytes, const std::string& what) {
+        void* p = nullptr;
+        if (cudaError_t e = cudaMalloc(&p, bytes == 0 ? 1 : bytes); e != cudaSuccess) {
+            cudaGetLastError();  // an allocation failure is not sticky; clear it
+            size_t free_b = 0, total_b = 0;
+            cudaMemGetInfo(&free_b, &total_b);
+            return Error{"cuda: out of memory on GPU " + std::to_string(device_) + " allocating " + mib(bytes) +
+                         " for " + what + " (" + mib(free_b) + " free of " + mib(total_b) + "; " +
+                         mib(device_bytes_) + " already held by tern)"};
+        }
+        device_allocs_.push_back(p);
+        device_bytes_ += bytes;
+        return p;
+    }
+    Result<void*> host_alloc(size_t bytes, const std::string& what) {
+        void* p = nullptr;
+        if (cudaError_t e = cudaMallocHost(&p, bytes == 0 ? 1 : bytes); e != cudaSuccess) {
+            cudaGetLastError();
+            return Error{"cuda: cannot allocate " + mib(bytes) + " of pinned host memory for " + what};
+        }
+        host_allocs_.push_back(p);
+        return p;
+    }
+
+    // A copy from pageable host memory, complete on return. On our stream, not
+    // the legacy one: a plain cudaMemcpy may return before its DMA lands, and the
+    // legacy stream does not order against a non-blocking stream.
+    cudaError_t copy_to_device(void* dst, const void* src, size_t bytes) {
+        cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_);
+        return e == cudaSuccess ? cudaStreamSynchronize(stream_) : e;
+    }
+
+    Status upload_weight(const std::string& name, DeviceWeight& d) {
+        const bool pad = d.dev.type == cuda::WType::Q6_K && pad_q6k_;
+        const int64_t blocks = int64_t(d.file_bytes) / cuda::file_block_bytes(d.dev.type);
+        const size_t bytes = pad ? size_t(blocks) * 224 : d.file_bytes;
+        auto mem = device_alloc(bytes, "weight '" + name + "'");
+        if (!mem.ok()) return Error{mem.error().message};
+        if (!pad) {
+            if (cudaError_t e = copy_to_device(*mem, d.host, bytes); e != cudaSuccess)
+                return cuda_failure("uploading '" + name + "'", e);
+        } else {
+            // Upload raw through a scratch buffer, repack on the device.
+            void* raw = nullptr;
+            if (cudaError_t e = cudaMalloc(&raw, d.file_bytes); e != cudaSuccess) {
+                cudaGetLastError();
+                return Error{"cuda: out of memory repacking '" + name + "' (" + mib(d.file_bytes) + ")"};
+            }
+            cudaError_t e = copy_to_device(raw, d.host, d.file_bytes);
+            if (e == cudaSuccess) {
+                cuda::pad_q6_K(static_cast<const uint8_t*>(raw), static_cast<uint8_t*>(*mem), blocks, stream_);
+                e = cudaGetLastError();
+                if (e == cudaSuccess) e = cudaStreamSynchronize(stream_);
+            }
+            cudaFree(raw);
+            if (e != cudaSuccess) return cuda_failure("repacking '" + name + "'", e);
+            d.dev.block_stride = 224;
+            d.dev.row_stride = (d.dev.cols / 256) * 224;
+        }
+        d.dev.data = static_cast<const uint8_t*>(*mem);
+        return {};
+    }
+
+    Status reserve_act(int64_t blocks) {
+        if (blocks <= act_blocks_) return {};
+        auto qs = device_alloc(size_t(blocks) * 32, "quantized activations");
+        if (!qs.ok()) return Error{qs.error().message};
+        auto d = device_alloc(size_t(blocks) * sizeof(float), "activation scales");
+        if (!d.ok()) return Error{d.error().message};
+        auto s = device_alloc(size_t(blocks) * sizeof(int32_t), "activation sums");
+        if (!s.ok()) return Error{s.error().message};
+        act_qs_ = static_cast<int8_t*>(*qs);
+        act_d_ = static_cast<float*>(*d);
+        act_sum_ = static_cast<int32_t*>(*s);
+        act_blocks_ = blocks;
+        return {};
+    }
+
+    Status reserve_tokens(int64_t n) {
+        if (n <= token_capacity_) return {};
+        auto pos = device_alloc(size_t(n) * sizeof(int32_t) * 3, "batch arrays");
+        if (!pos.ok()) return Error{pos.error().message};
+        auto host = host_alloc(size_t(n) * sizeof(int32_t) * 3, "batch arrays");
+        if (!host.ok()) return Error{host.error().message};
+        pos_dev_ = static_cast<int32_t*>(*pos);
+        slot_dev_ = pos_dev_ + n;
+        rows_dev_ = slot_dev_ + n;
+        pos_host_ = static_cast<int32_t*>(*host);
+        slot_host_ = pos_host_ + n;
+        rows_host_ = slot_host_ + n;
+        token_capacity_ = n;
+        return {};
+    }
+
+    Status reserve_embed(int64_t floats) {
+        if (floats <= embed_capacity_) return {};
+        auto host = host_alloc(size_t(floats) * sizeof(float), "embedding rows");
+        if (!host.ok()) return Error{host.error().message};
+        embed_host_ = static_cast<float*>(*host);
+        embed_capacity_ = floats;
+        return {};
+    }
+
+    static int n_heads_hint(const KvCacheShape& s) { return s.n_heads > 0 ? s.n_heads : s.n_kv_heads; }
+
+    const float* vec(const Weight& w) const { return static_cast<const DeviceWeight*>(w.impl)->vec; }
+
+    cuda::KvLayer kv_layer(int layer) const {
+        const KvCacheShape& s = kv_shape_;
+        const size_t per_layer = size_t(s.n_slots) * size_t(s.n_ctx) * size_t(s.n_kv_heads) * size_t(s.head_dim);
+        cuda::KvLayer kv;
+        kv.k = k_ + size_t(layer) * per_layer;
+        kv.v = v_ + size_t(layer) * per_layer;
+        kv.n_slots = s.n_slots;
+        kv.n_ctx = s.n_ctx;
+        kv.n_kv_heads = s.n_kv_heads;
+        kv.head_dim = s.head_dim;
+        return kv;
+    }
+
+    // ---- CUDA graphs -------------------------------------------------------------
+    struct Graph {
+        int seen = 0;
+        cudaGraphExec_t exec = nullptr;
+    };
+
+    // A step's graph is keyed by its token count and logits rows; only decode
+    // steps (small batches, where launch overhead dominates) are captured.
+    void begin_step(int64_t n, int n_logits) {
+        if (!graphs_enabled_ || n > cuda::kMmvqMaxTokens || n_logits < 0) return;
+        const GraphKey key{n, n_logits};
+        Graph& g = graphs_[key];
+        if (g.exec) {
+            replaying_ = true;
+            replay_key_ = key;
+            return;
+        }
+        if (++g.seen < 2 || !error_.ok()) return;
+        if (cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal) == cudaSuccess) {
+            capturing_ = true;
+            replay_key_ = key;
+        } else {
+            cudaGetLastError();
+        }
+    }
+
+    // Ends a step: instantiates a capture, or launches the replayed graph.
+    void finish_step() {
+        if (capturing_) {
+            capturing_ = false;
+            cudaGraph_t graph = nullptr;
+            cudaError_t e = cudaStreamEndCapture(stream_, &graph);
+            if (e == cudaSuccess && error_.ok()) {
+                cudaGraphExec_t exec = nullptr;
+                e = cudaGraphInstantiate(&exec, graph, 0);
+                if (e == cudaSuccess) graphs_[replay_key_].exec = exec;
+            }
+            if (graph) cudaGraphDestroy(graph);
+            if (e != cudaSuccess) {
+                note(cuda_failure("capturing a decode step", e));
+                graphs_enabled_ = false;
+                return;
+            }
+            // The captured work has not run yet: run it now.
+            check(cudaGraphLaunch(graphs_[replay_key_].exec, stream_), "graph launch");
+        } else if (replaying_) {
+            replaying_ = false;
+            // The host-side parts of the step are in the pinned buffers the graph copies from.
+            check(cudaGraphLaunch(graphs_[replay_key_].exec, stream_), "graph launch");
+        }
+    }
+
+    int device_;
+    cudaStream_t stream_ = nullptr;
+    bool pad_q6k_ = true;
+    bool graphs_enabled_ = true;
+    std::deque<DeviceWeight> weights_;
+    std::vector<void*> device_allocs_, host_allocs_;
+    size_t device_bytes_ = 0;
+
+    int8_t* act_qs_ = nullptr;
+    float* act_d_ = nullptr;
+    int32_t* act_sum_ = nullptr;
+    int64_t act_blocks_ = 0;
+
+    int32_t *pos_dev_ = nullptr, *slot_dev_ = nullptr, *rows_dev_ = nullptr;
+    int32_t *pos_host_ = nullptr, *slot_host_ = nullptr, *rows_host_ = nullptr;
+    int64_t token_capacity_ = 0;
+    float* embed_host_ = nullptr;
+    int64_t embed_capacity_ = 0;
+
+    KvCacheShape kv_shape_;
+    uint16_t *k_ = nullptr, *v_ = nullptr;
+    float* attn_ws_ = nullptr;
+    size_t attn_ws_bytes_ = 0;
+
+    using GraphKey = std::pair<int64_t, int>;
+    std::map<GraphKey, Graph> graphs_;
+    bool capturing_ = false, replaying_ = false;
+    GraphKey replay_key_{0, 0};
+    Status error_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Backend>> make_cuda_backend(int device) { return CudaBackend::create(device); }
+
+}  // namespace tern::backend

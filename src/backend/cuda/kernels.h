@@ -1,0 +1,76 @@
+// The device kernels of the CUDA backend, as plain launch functions. The
+// backend (cuda_backend.cpp) owns memory and streams and calls these; the GPU
+// tests and the kernel sandbox (bench/cuda) call them directly against their
+// CPU twins. Every launcher only enqueues work on `stream`; the caller checks
+// cudaGetLastError() at its sync points.
+//
+// Layouts
+// - Activations: f32, row-major, one row per token, `cols` floats per row.
+// - Quantized activations (DevAct): the CPU's block_q8a split into planes so
+//   that 32-byte runs of qs stay 16-byte aligned: block b of token t has its
+//   qs at qs + (t * blocks + b) * 32, its scale at d[t * blocks + b] and its
+//   integer sum at sum[t * blocks + b]. Same values as quant::quantize_act_row.
+// - Weights (DevWeight): GGUF blocks as registered. q6_K is registered either
+//   raw (210-byte blocks, as in the file) or padded to 224 bytes so that every
+//   16-byte load is aligned; kernels read block_stride and take the wide-load
+//   path only when it is a multiple of 16.
+//
+// Arithmetic order of the integer matmuls (mmvq and mmq give the same bits):
+// every 32-element block b yields the CPU's float term t_b (docs/cpu-kernels.md);
+// terms are summed in chunks of eight consecutive blocks, c = t_8i + t_8i+1 + ...
+// left to right, and the chunks are added in order to an accumulator that
+// starts at +0.0. quant::sum_terms_chunked() is the CPU twin of that order.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace tern::cuda {
+
+// Weight formats the kernels read; the values are GGUF type ids.
+enum class WType : int {
+    F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8,
+    Q4_K = 12, Q5_K = 13, Q6_K = 14, BF16 = 30,
+};
+
+struct DevWeight {
+    WType type = WType::F32;
+    int64_t rows = 0, cols = 0;
+    const uint8_t* data = nullptr;  // device memory, 256-byte aligned
+    int block_stride = 0;           // bytes per block as registered (q6_K: 210 or 224)
+    int64_t row_stride = 0;         // bytes per row
+};
+
+struct DevAct {
+    int8_t* qs = nullptr;
+    float* d = nullptr;
+    int32_t* sum = nullptr;
+    int64_t blocks = 0;  // blocks per token (cols / 32)
+};
+
+// Types with integer (quantized-activation) kernels.
+bool int_type(WType t);
+// Elements per block and bytes per block as stored in a GGUF file.
+int block_elems(WType t);
+int file_block_bytes(WType t);
+
+// x: n_tokens rows of cols floats (row stride x_stride), cols a multiple of 32.
+void quantize_act(const float* x, int64_t x_stride, int64_t n_tokens, int64_t cols, DevAct out,
+                  cudaStream_t stream);
+
+// y[t][r] = dot(W row r, token t) for t < n_tokens, row stride y_stride.
+// mmvq: 1..kMmvqMaxTokens tokens, reads each weight once per call (decode).
+constexpr int kMmvqMaxTokens = 8;
+void mmvq(const DevWeight& w, const DevAct& a, int n_tokens, float* y, int64_t y_stride, cudaStream_t stream);
+// mmq: any number of tokens, int8 tensor cores (prefill).
+void mmq(const DevWeight& w, const DevAct& a, int64_t n_tokens, float* y, int64_t y_stride, cudaStream_t stream);
+
+// F32 / F16 / BF16 weights: y[t][r] = sum_k W[r][k] * x[t][k], f32 arithmetic.
+void matmul_float(const DevWeight& w, const float* x, int64_t n_tokens, float* y, cudaStream_t stream);
+
+// q6_K raw (210-byte) blocks to the padded 224-byte layout, on the device.
+void pad_q6_K(const uint8_t* raw, uint8_t* padded, int64_t n_blocks, cudaStream_t stream);
+
+}  // namespace tern::cuda

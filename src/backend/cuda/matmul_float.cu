@@ -1,0 +1,123 @@
+// Float-weight matmul (F32, F16, BF16 files) and the small weight helpers:
+// which types have integer kernels, block geometry, and the q6_K padding
+// repack used at registration. Float weights are rare in deployed models, so
+// the matmul is a plain shared-memory tiled f32 kernel checked by tolerance.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "backend/cuda/kernels.h"
+
+namespace tern::cuda {
+
+bool int_type(WType t) {
+    switch (t) {
+        case WType::Q4_0: case WType::Q4_1: case WType::Q5_0: case WType::Q5_1: case WType::Q8_0:
+        case WType::Q4_K: case WType::Q5_K: case WType::Q6_K: return true;
+        default: return false;
+    }
+}
+
+int block_elems(WType t) {
+    switch (t) {
+        case WType::F32: case WType::F16: case WType::BF16: return 1;
+        case WType::Q4_K: case WType::Q5_K: case WType::Q6_K: return 256;
+        default: return 32;
+    }
+}
+
+int file_block_bytes(WType t) {
+    switch (t) {
+        case WType::F32: return 4;
+        case WType::F16: case WType::BF16: return 2;
+        case WType::Q4_0: return 18;
+        case WType::Q4_1: return 20;
+        case WType::Q5_0: return 22;
+        case WType::Q5_1: return 24;
+        case WType::Q8_0: return 34;
+        case WType::Q4_K: return 144;
+        case WType::Q5_K: return 176;
+        case WType::Q6_K: return 210;
+    }
+    return 0;
+}
+
+namespace {
+
+template <WType T>
+__device__ __forceinline__ float weight_at(const uint8_t* row, int64_t k) {
+    if (T == WType::F32) return reinterpret_cast<const float*>(row)[k];
+    if (T == WType::F16) return __half2float(reinterpret_cast<const __half*>(row)[k]);
+    return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(row)[k]);
+}
+
+constexpr int kTile = 64, kDepth = 16;
+
+// 256 threads, each a 4 x 4 block of (row, token) outputs of a 64 x 64 tile.
+template <WType T>
+__global__ void __launch_bounds__(256) matmul_float_kernel(DevWeight w, const float* __restrict__ x,
+                                                           int64_t n_tokens, float* __restrict__ y) {
+    __shared__ float ws[kDepth][kTile + 1];
+    __shared__ float xs[kDepth][kTile + 1];
+    const int tid = threadIdx.x, tr = tid / 16, tt = tid % 16;
+    const int64_t row0 = int64_t(blockIdx.x) * kTile, tok0 = int64_t(blockIdx.y) * kTile;
+    float acc[4][4] = {};
+    for (int64_t k0 = 0; k0 < w.cols; k0 += kDepth) {
+        for (int u = tid; u < kTile * kDepth; u += 256) {
+            const int i = u / kDepth, kk = u % kDepth;
+            const int64_t k = k0 + kk, row = row0 + i, tok = tok0 + i;
+            ws[kk][i] = (row < w.rows && k < w.cols) ? weight_at<T>(w.data + row * w.row_stride, k) : 0.0f;
+            xs[kk][i] = (tok < n_tokens && k < w.cols) ? x[tok * w.cols + k] : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < kDepth; ++kk) {
+            float wv[4], xv[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                wv[i] = ws[kk][tr * 4 + i];
+                xv[i] = xs[kk][tt * 4 + i];
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(wv[i], xv[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int64_t row = row0 + tr * 4 + i, tok = tok0 + tt * 4 + j;
+            if (row < w.rows && tok < n_tokens) y[tok * w.rows + row] = acc[i][j];
+        }
+}
+
+__global__ void pad_q6_K_kernel(const uint8_t* __restrict__ raw, uint8_t* __restrict__ padded, int64_t n) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= n * 224) return;
+    const int64_t b = i / 224;
+    const int o = int(i % 224);
+    padded[i] = o < 210 ? raw[b * 210 + o] : 0;
+}
+
+}  // namespace
+
+void matmul_float(const DevWeight& w, const float* x, int64_t n, float* y, cudaStream_t s) {
+    if (n < 1 || w.rows < 1) return;
+    const dim3 grid(unsigned((w.rows + kTile - 1) / kTile), unsigned((n + kTile - 1) / kTile));
+    switch (w.type) {
+        case WType::F32: matmul_float_kernel<WType::F32><<<grid, 256, 0, s>>>(w, x, n, y); break;
+        case WType::F16: matmul_float_kernel<WType::F16><<<grid, 256, 0, s>>>(w, x, n, y); break;
+        case WType::BF16: matmul_float_kernel<WType::BF16><<<grid, 256, 0, s>>>(w, x, n, y); break;
+        default: break;
+    }
+}
+
+void pad_q6_K(const uint8_t* raw, uint8_t* padded, int64_t n, cudaStream_t s) {
+    if (n < 1) return;
+    const int64_t total = n * 224;
+    pad_q6_K_kernel<<<unsigned((total + 255) / 256), 256, 0, s>>>(raw, padded, n);
+}
+
+}  // namespace tern::cuda

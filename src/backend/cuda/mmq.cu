@@ -1,0 +1,213 @@
+// Prefill matmul on int8 tensor cores (mma.sync m16n8k32, s8 x s8 -> s32).
+// A CTA computes a 128-row x 64-token tile with eight warps (4 x 2, each 32
+// rows x 32 tokens); per k step it stages one chunk
+// (eight 32-element blocks) of weights, decoded to int8 by block_decode.cuh,
+// and of quantized activations into shared memory. Each block's integer sums
+// come from one mma (two m16n8k16 for q6_K, whose 16-element halves have their
+// own scales); the float terms and chunk sums then follow the order kernels.h
+// documents, so the result has mmvq's bits and the CPU twin's.
+#include "backend/cuda/block_decode.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace tern::cuda {
+namespace {
+
+constexpr int kTileRows = 128, kTileTokens = 64;
+constexpr int kThreads = 256;          // eight warps, 4 x 2, each 32 rows x 32 tokens
+constexpr int kPitch = 256 + 16;       // bytes per staged row: a chunk plus padding against bank conflicts
+
+struct Stage {
+    int8_t w[kTileRows][kPitch];
+    int8_t x[kTileTokens][kPitch];
+    int wscale[kTileRows][8];           // sc0 | sc1 << 8 | mn << 16 (bytes)
+    float2 wdm[kTileRows][8];           // d, m
+    float xd[kTileTokens][8];
+    int xsum[kTileTokens][8];
+};
+
+__device__ __forceinline__ void mma_k32(int (&c)[4], const int (&a)[4], int b0, int b1) {
+    c[0] = c[1] = c[2] = c[3] = 0;
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void mma_k16(int (&c)[4], int a0, int a1, int b0) {
+    c[0] = c[1] = c[2] = c[3] = 0;
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(b0));
+}
+
+template <WType T, bool WIDE>
+__global__ void __launch_bounds__(kThreads, 2) mmq_kernel(DevWeight w, DevAct a, int64_t n_tokens,
+                                                         float* __restrict__ y, int64_t y_stride) {
+    constexpr TermKind K = BlockInfo<T>::kind;
+    constexpr bool two_scales = T == WType::Q6_K;
+    extern __shared__ __align__(16) unsigned char smem[];
+    Stage& s = *reinterpret_cast<Stage*>(smem);
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, tig = lane & 3;
+    const int wr = (warp >> 1) * 32, wt = (warp & 1) * 32;  // warp's first row and token in the tile (4 x 2 warps)
+    const int64_t row0 = int64_t(blockIdx.x) * kTileRows, tok0 = int64_t(blockIdx.y) * kTileTokens;
+    const int64_t nblocks = w.cols / 32, nchunks = (nblocks + 7) / 8;
+
+    float acc[2][4][4];
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
+
+    for (int64_t kc = 0; kc < nchunks; ++kc) {
+        const int nb = int(min64(8, nblocks - kc * 8));
+        __syncthreads();  // the previous chunk's compute is done with the stage
+        // Weights: unit u = (row, block j); eight consecutive threads share a row.
+        for (int u = tid; u < kTileRows * 8; u += kThreads) {
+            const int r = u >> 3, j = u & 7;
+            const int64_t row = row0 + r;
+            int4* dst = reinterpret_cast<int4*>(&s.w[r][j * 32]);
+            if (row < w.rows && j < nb) {
+                const uint8_t* chunk = chunk_ptr<T>(w.data + row * w.row_stride, kc, w.block_stride);
+                const BlockVals v = decode_block<T, WIDE>(chunk, j);
+                dst[0] = make_int4(v.q[0], v.q[1], v.q[2], v.q[3]);
+                dst[1] = make_int4(v.q[4], v.q[5], v.q[6], v.q[7]);
+                s.wscale[r][j] = (v.sc0 & 0xFF) | (v.sc1 & 0xFF) << 8 | (v.mn & 0xFF) << 16;
+                s.wdm[r][j] = make_float2(v.d, v.m);
+            } else {
+                dst[0] = dst[1] = make_int4(0, 0, 0, 0);
+                s.wscale[r][j] = 0;
+                s.wdm[r][j] = make_float2(0.0f, 0.0f);
+            }
+        }
+        // Activations: unit u = (token, block j).
+        for (int u = tid; u < kTileTokens * 8; u += kThreads) {
+            const int t = u >> 3, j = u & 7;
+            const int64_t tok = tok0 + t, b = kc * 8 + j;
+            int4* dst = reinterpret_cast<int4*>(&s.x[t][j * 32]);
+            if (tok < n_tokens && j < nb) {
+                const int64_t ab = tok * a.blocks + b;
+                const int4* src = reinterpret_cast<const int4*>(a.qs + ab * 32);
+                dst[0] = src[0];
+                dst[1] = src[1];
+                s.xd[t][j] = a.d[ab];
+                s.xsum[t][j] = a.sum[ab];
+            } else {
+                dst[0] = dst[1] = make_int4(0, 0, 0, 0);
+                s.xd[t][j] = 0.0f;
+                s.xsum[t][j] = 0;
+            }
+        }
+        __syncthreads();
+
+        float c[2][4][4];
+        for (int j = 0; j < nb; ++j) {
+            const int k0 = j * 32 + tig * 4;
+            int af[2][4];
+            BlockVals rv[2][2];  // scales of this lane's rows g and g + 8 of each 16-row slice
+#pragma unroll
+            for (int mi = 0; mi < 2; ++mi) {
+                const int r = wr + mi * 16 + g;
+                af[mi][0] = *reinterpret_cast<const int*>(&s.w[r][k0]);
+                af[mi][1] = *reinterpret_cast<const int*>(&s.w[r + 8][k0]);
+                af[mi][2] = *reinterpret_cast<const int*>(&s.w[r][k0 + 16]);
+                af[mi][3] = *reinterpret_cast<const int*>(&s.w[r + 8][k0 + 16]);
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int packed = s.wscale[r + 8 * h][j];
+                    const float2 dm = s.wdm[r + 8 * h][j];
+                    rv[mi][h].sc0 = int(int8_t(packed & 0xFF));
+                    rv[mi][h].sc1 = int(int8_t((packed >> 8) & 0xFF));
+                    rv[mi][h].mn = (packed >> 16) & 0xFF;
+                    rv[mi][h].d = dm.x;
+                    rv[mi][h].m = dm.y;
+                }
+            }
+#pragma unroll
+            for (int ni = 0; ni < 4; ++ni) {
+                const int tcol = wt + ni * 8 + g;  // the token this lane feeds into B
+                const int b0 = *reinterpret_cast<const int*>(&s.x[tcol][k0]);
+                const int b1 = *reinterpret_cast<const int*>(&s.x[tcol][k0 + 16]);
+                // The token columns this lane's accumulators hold.
+                const int t0 = wt + ni * 8 + tig * 2;
+                const float da0 = s.xd[t0][j], da1 = s.xd[t0 + 1][j];
+                const int as0 = s.xsum[t0][j], as1 = s.xsum[t0 + 1][j];
+#pragma unroll
+                for (int mi = 0; mi < 2; ++mi) {
+                    int h0[4], h1[4];
+                    if (two_scales) {
+                        mma_k16(h0, af[mi][0], af[mi][1], b0);
+                        mma_k16(h1, af[mi][2], af[mi][3], b1);
+                    } else {
+                        mma_k32(h0, af[mi], b0, b1);
+                        h1[0] = h1[1] = h1[2] = h1[3] = 0;
+                    }
+                    const float t_[4] = {
+                        block_term<K>(rv[mi][0], h0[0], h1[0], da0, as0),
+                        block_term<K>(rv[mi][0], h0[1], h1[1], da1, as1),
+                        block_term<K>(rv[mi][1], h0[2], h1[2], da0, as0),
+                        block_term<K>(rv[mi][1], h0[3], h1[3], da1, as1),
+                    };
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) c[mi][ni][e] = j == 0 ? t_[e] : __fadd_rn(c[mi][ni][e], t_[e]);
+                }
+            }
+        }
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+            for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[mi][ni][e] = __fadd_rn(acc[mi][ni][e], c[mi][ni][e]);
+    }
+
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int64_t row = row0 + wr + mi * 16 + g + (e >= 2 ? 8 : 0);
+                const int64_t tok = tok0 + wt + ni * 8 + tig * 2 + (e & 1);
+                if (row < w.rows && tok < n_tokens) y[tok * y_stride + row] = acc[mi][ni][e];
+            }
+}
+
+template <WType T, bool WIDE>
+void launch(const DevWeight& w, const DevAct& a, int64_t n, float* y, int64_t ys, cudaStream_t s) {
+    const dim3 grid(unsigned((w.rows + kTileRows - 1) / kTileRows), unsigned((n + kTileTokens - 1) / kTileTokens));
+    // More than the default 48 KiB of shared memory needs the opt-in (per device;
+    // cheap, and prefill launches are few). A failure here fails the launch,
+    // which the caller's error check reports.
+    cudaFuncSetAttribute(mmq_kernel<T, WIDE>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sizeof(Stage)));
+    mmq_kernel<T, WIDE><<<grid, kThreads, sizeof(Stage), s>>>(w, a, n, y, ys);
+}
+
+}  // namespace
+
+void mmq(const DevWeight& w, const DevAct& a, int64_t n, float* y, int64_t ys, cudaStream_t s) {
+    if (n < 1 || w.rows < 1) return;
+    switch (w.type) {
+        case WType::Q4_0: launch<WType::Q4_0, false>(w, a, n, y, ys, s); break;
+        case WType::Q4_1: launch<WType::Q4_1, false>(w, a, n, y, ys, s); break;
+        case WType::Q5_0: launch<WType::Q5_0, false>(w, a, n, y, ys, s); break;
+        case WType::Q5_1: launch<WType::Q5_1, false>(w, a, n, y, ys, s); break;
+        case WType::Q8_0: launch<WType::Q8_0, false>(w, a, n, y, ys, s); break;
+        case WType::Q4_K: launch<WType::Q4_K, false>(w, a, n, y, ys, s); break;
+        case WType::Q5_K: launch<WType::Q5_K, false>(w, a, n, y, ys, s); break;
+        case WType::Q6_K:
+            if (w.block_stride % 16 == 0)
+                launch<WType::Q6_K, true>(w, a, n, y, ys, s);
+            else
+                launch<WType::Q6_K, false>(w, a, n, y, ys, s);
+            break;
+        default: break;
+    }
+}
+
+}  // namespace tern::cuda

@@ -1,0 +1,122 @@
+// Decode matmul (1..8 tokens): one warp per weight row. A warp takes four
+// chunks (eight 32-element blocks each: a K-quant super-block, or eight legacy
+// blocks) per round, one block per lane, so consecutive lanes read consecutive
+// bytes of the row and of the activations. A chunk's terms are summed left to
+// right across its eight lanes, and the chunks in order: the order kernels.h
+// documents, the same bits as mmq.
+#include "backend/cuda/block_decode.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace tern::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr unsigned kAll = 0xffffffffu;
+
+template <WType T, bool WIDE, int NT>
+__global__ void __launch_bounds__(kWarps * 32) mmvq_kernel(DevWeight w, DevAct a, float* __restrict__ y,
+                                                           int64_t y_stride) {
+    const int lane = threadIdx.x & 31, grp = lane >> 3, j = lane & 7;
+    const int64_t row = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+    if (row >= w.rows) return;  // uniform per warp
+    const int64_t nblocks = w.cols / 32;
+    const int64_t nchunks = (nblocks + 7) / 8;
+    const uint8_t* rowp = w.data + row * w.row_stride;
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
+
+#pragma unroll 2
+    for (int64_t base = 0; base < nchunks; base += 4) {
+        const int64_t ci = base + grp;        // this lane's chunk
+        const int64_t b = ci * 8 + j;         // and block
+        const int nb = ci < nchunks ? int(min64(8, nblocks - ci * 8)) : 0;
+        float term[NT];
+#pragma unroll
+        for (int t = 0; t < NT; ++t) term[t] = 0.0f;
+        if (j < nb) {
+            const BlockVals v = decode_block<T, WIDE>(chunk_ptr<T>(rowp, ci, w.block_stride), j);
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                const int64_t ab = int64_t(t) * a.blocks + b;
+                int x[8];
+                load32_aligned(reinterpret_cast<const uint8_t*>(a.qs + ab * 32), x);
+                int H0 = 0, H1 = 0;
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    H0 = __dp4a(v.q[i], x[i], H0);
+                    H1 = __dp4a(v.q[i + 4], x[i + 4], H1);
+                }
+                term[t] = block_term<BlockInfo<T>::kind>(v, H0, H1, a.d[ab], a.sum[ab]);
+            }
+        }
+        // Chunk sums, left to right over the group's lanes (every lane of a
+        // group ends with its group's sum).
+        float c[NT];
+#pragma unroll
+        for (int t = 0; t < NT; ++t) c[t] = __shfl_sync(kAll, term[t], grp * 8);
+#pragma unroll
+        for (int jj = 1; jj < 8; ++jj)
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                const float o = __shfl_sync(kAll, term[t], grp * 8 + jj);
+                if (jj < nb) c[t] = __fadd_rn(c[t], o);
+            }
+        // Then the round's chunks in order.
+        const int n_here = int(min64(4, nchunks - base));
+#pragma unroll
+        for (int g2 = 0; g2 < 4; ++g2)
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                const float o = __shfl_sync(kAll, c[t], g2 * 8);
+                if (g2 < n_here) acc[t] = __fadd_rn(acc[t], o);
+            }
+    }
+    if (lane < NT) {
+        float mine = acc[0];
+#pragma unroll
+        for (int t = 1; t < NT; ++t)
+            if (lane == t) mine = acc[t];
+        y[int64_t(lane) * y_stride + row] = mine;
+    }
+}
+
+template <WType T, bool WIDE>
+void launch(const DevWeight& w, const DevAct& a, int n, float* y, int64_t ys, cudaStream_t s) {
+    const unsigned grid = unsigned((w.rows + kWarps - 1) / kWarps);
+    const int threads = kWarps * 32;
+    switch (n) {
+        case 1: mmvq_kernel<T, WIDE, 1><<<grid, threads, 0, s>>>(w, a, y, ys); break;
+        case 2: mmvq_kernel<T, WIDE, 2><<<grid, threads, 0, s>>>(w, a, y, ys); break;
+        case 3: mmvq_kernel<T, WIDE, 3><<<grid, threads, 0, s>>>(w, a, y, ys); break;
+        case 4: mmvq_kernel<T, WIDE, 4><<<grid, threads, 0, s>>>(w, a, y, ys); break;
+        case 5: mmvq_kernel<T, WIDE, 5><<<grid, threads, 0, s>>>(w, a, y, ys); break;
+        case 6: mmvq_kernel<T, WIDE, 6><<<grid, threads, 0, s>>>(w, a, y, ys); break;
+        case 7: mmvq_kernel<T, WIDE, 7><<<grid, threads, 0, s>>>(w, a, y, ys); break;
+        default: mmvq_kernel<T, WIDE, 8><<<grid, threads, 0, s>>>(w, a, y, ys); break;
+    }
+}
+
+}  // namespace
+
+void mmvq(const DevWeight& w, const DevAct& a, int n, float* y, int64_t ys, cudaStream_t s) {
+    if (n < 1 || n > kMmvqMaxTokens || w.rows < 1) return;
+    switch (w.type) {
+        case WType::Q4_0: launch<WType::Q4_0, false>(w, a, n, y, ys, s); break;
+        case WType::Q4_1: launch<WType::Q4_1, false>(w, a, n, y, ys, s); break;
+        case WType::Q5_0: launch<WType::Q5_0, false>(w, a, n, y, ys, s); break;
+        case WType::Q5_1: launch<WType::Q5_1, false>(w, a, n, y, ys, s); break;
+        case WType::Q8_0: launch<WType::Q8_0, false>(w, a, n, y, ys, s); break;
+        case WType::Q4_K: launch<WType::Q4_K, false>(w, a, n, y, ys, s); break;
+        case WType::Q5_K: launch<WType::Q5_K, false>(w, a, n, y, ys, s); break;
+        case WType::Q6_K:
+            if (w.block_stride % 16 == 0)
+                launch<WType::Q6_K, true>(w, a, n, y, ys, s);
+            else
+                launch<WType::Q6_K, false>(w, a, n, y, ys, s);
+            break;
+        default: break;
+    }
+}
+
+}  // namespace tern::cuda

@@ -1,0 +1,175 @@
+// Element-wise, normalisation, rotary and KV-store kernels of the CUDA backend
+// (ops.h). Each does its CPU twin's arithmetic in the same order; the float
+// operations are written with __fmul_rn/__fadd_rn/__fdiv_rn so that nvcc cannot
+// fuse a multiply into an add (it does by default) and fast-math flags cannot
+// approximate them, which keeps most results bit-identical to the CPU's.
+#include <cuda_fp16.h>
+
+#include "backend/cuda/ops.h"
+
+namespace tern::cuda {
+namespace {
+
+constexpr int kThreads = 256;  // threads per CTA of every kernel here (a power of two)
+constexpr int64_t kMaxGridStrideBlocks = 32768;  // fills any current GPU many times over
+
+// CTAs for a grid-stride loop over n > 0 items.
+unsigned grid_for(int64_t n) {
+    const int64_t blocks = (n + kThreads - 1) / kThreads;
+    return unsigned(blocks < kMaxGridStrideBlocks ? blocks : kMaxGridStrideBlocks);
+}
+
+__device__ int64_t first_index() { return int64_t(blockIdx.x) * blockDim.x + threadIdx.x; }
+__device__ int64_t grid_stride() { return int64_t(gridDim.x) * blockDim.x; }
+
+// --- rms_norm: one CTA per row -------------------------------------------------
+
+__global__ void rms_norm_kernel(const float* x, const float* w, float eps, float* out, int64_t cols) {
+    __shared__ double partial[kThreads];
+    const int64_t row = blockIdx.x;
+    const float* xr = x + row * cols;
+    float* o = out + row * cols;
+
+    // The square of a float is exact in double, so a fused multiply-add here
+    // rounds exactly as a multiply then an add would.
+    double ss = 0.0;
+    for (int64_t i = threadIdx.x; i < cols; i += kThreads) {
+        const double v = xr[i];
+        ss += v * v;
+    }
+    // Fixed reduction tree: the same sum bits on every run.
+    partial[threadIdx.x] = ss;
+    __syncthreads();
+    for (int stride = kThreads / 2; stride > 0; stride /= 2) {
+        if (int(threadIdx.x) < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
+        __syncthreads();
+    }
+    // As the CPU: float(1 / sqrt(ss / cols + eps)), every step correctly rounded.
+    const double mean_eps = __dadd_rn(__ddiv_rn(partial[0], double(cols)), double(eps));
+    const float inv = float(__ddiv_rn(1.0, __dsqrt_rn(mean_eps)));
+
+    // Every element is read before the barrier above and rewritten by the same
+    // thread below, so out may alias x.
+    for (int64_t i = threadIdx.x; i < cols; i += kThreads) {
+        const float v = __fmul_rn(xr[i], inv);
+        o[i] = w ? __fmul_rn(v, w[i]) : v;
+    }
+}
+
+// --- rope: one CTA per row; the angles of the row are computed once ------------
+
+__global__ void rope_kernel(float* x, const int32_t* pos, RopeArgs args) {
+    extern __shared__ float trig[];  // cos of pair i at [i], its sin at [half + i]
+    const int half = args.n_dims / 2;
+    const int64_t row = blockIdx.x;
+
+    // Angles in double, as the CPU computes them: base^(-2i/n_dims) / factor[i],
+    // times position * freq_scale.
+    const double p = double(pos[row]) * double(args.freq_scale);
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        double inv_freq = pow(double(args.freq_base), __ddiv_rn(-2.0 * i, double(args.n_dims)));
+        if (args.freq_factors) inv_freq = __ddiv_rn(inv_freq, double(args.freq_factors[i]));
+        const double a = __dmul_rn(p, inv_freq);
+        trig[i] = float(cos(a));
+        trig[half + i] = float(sin(a));
+    }
+    __syncthreads();
+
+    float* xr = x + row * int64_t(args.n_heads) * args.head_dim;
+    for (int e = threadIdx.x; e < args.n_heads * half; e += blockDim.x) {
+        const int i = e % half;
+        float* v = xr + int64_t(e / half) * args.head_dim;
+        // Interleaved pairs (2i, 2i+1), or NeoX pairs (i, i + n_dims/2).
+        const int a = args.neox ? i : 2 * i;
+        const int b = args.neox ? i + half : 2 * i + 1;
+        const float x0 = v[a], x1 = v[b], c = trig[i], s = trig[half + i];
+        v[a] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+        v[b] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+    }
+}
+
+// --- element-wise ----------------------------------------------------------------
+
+__global__ void swiglu_kernel(float* gate, const float* up, int64_t n) {
+    for (int64_t i = first_index(); i < n; i += grid_stride()) {
+        const float g = gate[i];
+        // Full-precision expf (not __expf): the CPU's std::exp is within an ulp.
+        gate[i] = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), up[i]);
+    }
+}
+
+__global__ void add_kernel(float* x, const float* y, int64_t n) {
+    for (int64_t i = first_index(); i < n; i += grid_stride()) x[i] = __fadd_rn(x[i], y[i]);
+}
+
+__global__ void add_bias_kernel(float* y, const float* bias, int64_t rows, int64_t cols) {
+    const int64_t n = rows * cols;
+    for (int64_t i = first_index(); i < n; i += grid_stride()) y[i] = __fadd_rn(y[i], bias[i % cols]);
+}
+
+__global__ void gather_rows_kernel(const float* x, int64_t cols, const int32_t* rows, int64_t n, float* out) {
+    const int64_t total = n * cols;
+    for (int64_t i = first_index(); i < total; i += grid_stride())
+        out[i] = x[int64_t(rows[i / cols]) * cols + i % cols];
+}
+
+// --- kv_store: element e of the batch is element e % width of token e / width ---
+
+__global__ void kv_store_kernel(KvLayer kv, const float* k, const float* v, int64_t n_tokens, const int32_t* slot,
+                                const int32_t* pos) {
+    const int64_t width = int64_t(kv.n_kv_heads) * kv.head_dim;
+    const int64_t total = n_tokens * width;
+    for (int64_t e = first_index(); e < total; e += grid_stride()) {
+        const int64_t t = e / width;
+        const int32_t s = slot[t], p = pos[t];
+        if (s < 0 || s >= kv.n_slots || p < 0 || p >= kv.n_ctx) continue;  // not a cache cell
+        const int64_t at = (int64_t(s) * kv.n_ctx + p) * width + e % width;
+        // cvt.rn: IEEE round to nearest even, as fp32_to_fp16 (NaN payloads aside).
+        kv.k[at] = __half_as_ushort(__float2half_rn(k[e]));
+        kv.v[at] = __half_as_ushort(__float2half_rn(v[e]));
+    }
+}
+
+}  // namespace
+
+void rms_norm(const float* x, const float* w, float eps, float* out, int64_t rows, int64_t cols,
+              cudaStream_t stream) {
+    if (rows <= 0 || cols <= 0) return;
+    rms_norm_kernel<<<unsigned(rows), kThreads, 0, stream>>>(x, w, eps, out, cols);
+}
+
+void rope(float* x, int64_t rows, const int32_t* pos, const RopeArgs& args, cudaStream_t stream) {
+    const int half = args.n_dims / 2;
+    if (rows <= 0 || half <= 0 || args.n_heads <= 0) return;
+    const size_t smem = 2 * size_t(half) * sizeof(float);
+    rope_kernel<<<unsigned(rows), kThreads, smem, stream>>>(x, pos, args);
+}
+
+void swiglu(float* gate, const float* up, int64_t n, cudaStream_t stream) {
+    if (n <= 0) return;
+    swiglu_kernel<<<grid_for(n), kThreads, 0, stream>>>(gate, up, n);
+}
+
+void add(float* x, const float* y, int64_t n, cudaStream_t stream) {
+    if (n <= 0) return;
+    add_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, y, n);
+}
+
+void add_bias(float* y, const float* bias, int64_t rows, int64_t cols, cudaStream_t stream) {
+    if (rows <= 0 || cols <= 0) return;
+    add_bias_kernel<<<grid_for(rows * cols), kThreads, 0, stream>>>(y, bias, rows, cols);
+}
+
+void gather_rows(const float* x, int64_t cols, const int32_t* rows, int64_t n, float* out, cudaStream_t stream) {
+    if (n <= 0 || cols <= 0) return;
+    gather_rows_kernel<<<grid_for(n * cols), kThreads, 0, stream>>>(x, cols, rows, n, out);
+}
+
+void kv_store(const KvLayer& kv, const float* k, const float* v, int64_t n_tokens, const int32_t* slot,
+              const int32_t* pos, cudaStream_t stream) {
+    const int64_t width = int64_t(kv.n_kv_heads) * kv.head_dim;
+    if (n_tokens <= 0 || width <= 0) return;
+    kv_store_kernel<<<grid_for(n_tokens * width), kThreads, 0, stream>>>(kv, k, v, n_tokens, slot, pos);
+}
+
+}  // namespace tern::cuda

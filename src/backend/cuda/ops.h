@@ -1,0 +1,78 @@
+// Element-wise, normalisation, rotary and attention kernels of the CUDA
+// backend, as plain launch functions (see kernels.h for the conventions).
+// Each has a CPU twin in backend/cpu/ops.h; tests/gpu/test_cuda_ops.cpp
+// holds them to it.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace tern::cuda {
+
+// out[r] = x[r] / rms(x[r]) * w  (w may be null: no scale); sums in double as the CPU does.
+// out may equal x.
+void rms_norm(const float* x, const float* w, float eps, float* out, int64_t rows, int64_t cols,
+              cudaStream_t stream);
+
+// Rotates the first n_dims dims of each head of x (rows x n_heads*head_dim) by the
+// position of each row: pos is a device array of `rows` positions. Angles in double,
+// as the CPU does. freq_factors: device f32 [n_dims/2] or null.
+struct RopeArgs {
+    int n_heads = 0, head_dim = 0, n_dims = 0;
+    bool neox = false;
+    float freq_base = 10000.0f, freq_scale = 1.0f;
+    const float* freq_factors = nullptr;
+};
+void rope(float* x, int64_t rows, const int32_t* pos, const RopeArgs& args, cudaStream_t stream);
+
+// gate[i] = silu(gate[i]) * up[i]
+void swiglu(float* gate, const float* up, int64_t n, cudaStream_t stream);
+// x[i] += y[i]
+void add(float* x, const float* y, int64_t n, cudaStream_t stream);
+// y[r][c] += bias[c]
+void add_bias(float* y, const float* bias, int64_t rows, int64_t cols, cudaStream_t stream);
+// out[i] = x[rows[i]] for i < n; rows is a device array.
+void gather_rows(const float* x, int64_t cols, const int32_t* rows, int64_t n, float* out, cudaStream_t stream);
+
+// One layer of the f16 KV cache: [slot][pos][kv_head][head_dim] for K and for V.
+struct KvLayer {
+    uint16_t* k = nullptr;
+    uint16_t* v = nullptr;
+    int n_slots = 0, n_ctx = 0, n_kv_heads = 0, head_dim = 0;
+};
+
+// Writes row t of k and v (n_kv_heads*head_dim floats each, rounded to f16 to
+// nearest even) at (slot[t], pos[t]). slot and pos are device arrays; a token
+// whose slot or pos lies outside the cache is not written.
+void kv_store(const KvLayer& kv, const float* k, const float* v, int64_t n_tokens, const int32_t* slot,
+              const int32_t* pos, cudaStream_t stream);
+
+// Head shapes attention() handles: head_dim a multiple of 32 up to 256 and
+// n_heads a multiple of n_kv_heads. The backend checks this at init and refuses
+// other models; attention() launches nothing for them.
+bool attention_supported(int n_heads, int n_kv_heads, int head_dim);
+
+// Whether attention() splits each token's context into fixed segments of
+// positions, computed by separate CTAs and combined in segment order (few
+// tokens, long context: decode). Decided on the host from the shapes and the
+// current device's SM count, so it holds across a captured CUDA graph.
+bool attention_splits(int64_t n_tokens, int n_heads, int n_ctx);
+
+// Bytes of scratch attention() needs for any batch of at most n_tokens tokens
+// (the split partials); 0 when no such batch splits. Allocate once, outside
+// graph capture, on the device that runs attention().
+size_t attention_workspace_bytes(int64_t n_tokens, int n_heads, int head_dim, int n_ctx);
+
+// out[t] = softmax(q[t] K^T * scale) V over positions 0..pos[t] of slot[t], per
+// query head; query head h reads KV head h / (n_heads / n_kv_heads).
+// q, out: n_tokens x n_heads*head_dim. workspace: attention_workspace_bytes()
+// bytes for a batch at least this large, or null (then it never splits).
+// Deterministic: the result depends only on the inputs, n_tokens and the split
+// decision, never on timing. A token whose slot or pos lies outside the cache
+// gets a NaN row. kv.k and kv.v must be 16-byte aligned.
+void attention(const KvLayer& kv, const float* q, int64_t n_tokens, int n_heads, float scale,
+               const int32_t* slot, const int32_t* pos, float* out, float* workspace, cudaStream_t stream);
+
+}  // namespace tern::cuda

@@ -1,0 +1,454 @@
+// The element-wise, normalisation, rotary, KV-store and attention kernels of
+// backend/cuda/ops.h against their CPU twins (backend/cpu/ops.h and the CPU
+// backend's plain loops), on fresh random inputs each run and ragged shapes.
+// Device outputs are poisoned with NaN first, so an element a kernel forgets
+// to write fails its comparison.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cpu/ops.h"
+#include "backend/cuda/ops.h"
+#include "base/fp16.h"
+#include "gpu_test_util.h"
+
+namespace tern {
+namespace {
+
+using gpu_test::DeviceBuffer;
+using gpu_test::sync_ok;
+
+constexpr uint32_t kPoisonBits = 0xffffffffu;  // a float after DeviceBuffer::poison()
+
+class CudaOps : public gpu_test::GpuTest {
+protected:
+    std::string seed_text() const { return "random seed " + std::to_string(seed_); }
+
+    std::vector<float> normal(size_t n, float mean, float stddev) {
+        std::normal_distribution<float> d(mean, stddev);
+        std::vector<float> v(n);
+        for (float& x : v) x = d(rng_);
+        return v;
+    }
+    float uniform(float lo, float hi) { return std::uniform_real_distribution<float>(lo, hi)(rng_); }
+    int uniform_int(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng_); }
+
+    const uint32_t seed_ = std::random_device{}();
+    std::mt19937 rng_{seed_};
+};
+
+// |got - want| <= tol, false for NaN.
+bool within(float got, float want, double tol) { return std::fabs(double(got) - double(want)) <= tol; }
+
+double max_abs(const std::vector<float>& v) {
+    double m = 0.0;
+    for (float x : v) m = std::max(m, std::fabs(double(x)));
+    return m;
+}
+
+std::string shape(int64_t rows, int64_t cols) { return std::to_string(rows) + " x " + std::to_string(cols); }
+
+// --- rms_norm -----------------------------------------------------------------------
+
+TEST_F(CudaOps, RmsNormMatchesCpu) {
+    SCOPED_TRACE(seed_text());
+    size_t total = 0, not_identical = 0;
+    double worst = 0.0;
+    for (int64_t rows : {1, 3, 17, 64}) {
+        for (int64_t cols : {64, 576, 4096}) {
+            for (int variant = 0; variant < 3; ++variant) {  // 0: no weight, 1: weight, 2: weight, in place
+                SCOPED_TRACE(shape(rows, cols) + " variant " + std::to_string(variant));
+                std::vector<float> x = normal(size_t(rows * cols), 0.0f, 1.0f);
+                for (int64_t r = 0; r < rows; ++r) {  // rows of very different magnitudes
+                    const float scale = std::pow(10.0f, uniform(-3.0f, 3.0f));
+                    for (int64_t i = 0; i < cols; ++i) x[size_t(r * cols + i)] *= scale;
+                }
+                const std::vector<float> w = normal(size_t(cols), 1.0f, 0.5f);
+                const float eps = variant == 1 ? 1e-6f : 1e-5f;
+                const bool with_w = variant != 0;
+
+                DeviceBuffer<float> dx(x), dw(w), dout(x.size());
+                dout.poison();
+                float* out = variant == 2 ? dx.get() : dout.get();
+                cuda::rms_norm(dx.get(), with_w ? dw.get() : nullptr, eps, out, rows, cols, nullptr);
+                ASSERT_NO_FATAL_FAILURE(sync_ok());
+                const std::vector<float> got = variant == 2 ? dx.download() : dout.download();
+
+                std::vector<float> want(x.size());
+                backend::cpu::rms_norm(x.data(), with_w ? w.data() : nullptr, eps, want.data(), rows, cols);
+                for (size_t i = 0; i < want.size(); ++i) {
+                    const double rel = std::fabs(double(got[i]) - double(want[i])) /
+                                       std::max(std::fabs(double(want[i])), double(FLT_MIN));
+                    ASSERT_TRUE(rel <= 1e-6) << "element " << i << ": gpu " << got[i] << " cpu " << want[i];
+                    worst = std::max(worst, rel);
+                    not_identical += fp32_to_bits(got[i]) != fp32_to_bits(want[i]);
+                }
+                total += want.size();
+            }
+        }
+    }
+    std::printf("rms_norm: %zu of %zu elements differ from the CPU's bits, max relative error %.3g\n", not_identical,
+                total, worst);
+    // Same operations in the same order: a difference needs the double sums to
+    // round to different floats, which is rare.
+    EXPECT_LE(not_identical, total / 100);
+}
+
+// --- rope ------------------------------------------------------------------------
+
+TEST_F(CudaOps, RopeMatchesCpu) {
+    SCOPED_TRACE(seed_text());
+    struct Config {
+        int n_heads, head_dim, n_dims;
+        bool neox;
+        float base, scale;
+        bool factors;
+    };
+    const Config configs[] = {
+        {4, 64, 64, false, 10000.0f, 1.0f, false},   // interleaved pairs
+        {8, 128, 128, true, 500000.0f, 1.0f, true},  // NeoX pairs, llama3-style frequency factors
+        {3, 128, 64, true, 10000.0f, 0.25f, false},  // partial rotary, linear scaling
+        {2, 96, 32, false, 1e6f, 1.0f, true},
+    };
+    size_t total = 0, not_identical = 0;
+    for (const Config& c : configs) {
+        for (int64_t rows : {1, 3, 17, 64}) {
+            SCOPED_TRACE("heads " + std::to_string(c.n_heads) + " head_dim " + std::to_string(c.head_dim) +
+                         " n_dims " + std::to_string(c.n_dims) + (c.neox ? " neox" : " interleaved") + " rows " +
+                         std::to_string(rows));
+            const std::vector<float> x = normal(size_t(rows * c.n_heads * c.head_dim), 0.0f, 3.0f);
+            std::vector<int32_t> pos(static_cast<size_t>(rows));
+            for (int32_t& p : pos) p = uniform_int(0, 40000);
+            pos[0] = 0;
+            std::vector<float> factors(size_t(c.n_dims / 2));
+            for (float& f : factors) f = uniform(1.0f, 8.0f);
+
+            DeviceBuffer<float> dx(x), dfactors(factors);
+            DeviceBuffer<int32_t> dpos(pos);
+            cuda::RopeArgs args;
+            args.n_heads = c.n_heads;
+            args.head_dim = c.head_dim;
+            args.n_dims = c.n_dims;
+            args.neox = c.neox;
+            args.freq_base = c.base;
+            args.freq_scale = c.scale;
+            args.freq_factors = c.factors ? dfactors.get() : nullptr;
+            cuda::rope(dx.get(), rows, dpos.get(), args, nullptr);
+            ASSERT_NO_FATAL_FAILURE(sync_ok());
+            const std::vector<float> got = dx.download();
+
+            std::vector<float> want = x;
+            backend::RopeParams rp;
+            rp.n_dims = c.n_dims;
+            rp.neox = c.neox;
+            rp.freq_base = c.base;
+            rp.freq_scale = c.scale;
+            backend::cpu::rope(want.data(), rows, c.n_heads, c.head_dim, pos.data(), rp,
+                               c.factors ? factors.data() : nullptr);
+
+            const double tol = 1e-6 * max_abs(x);
+            for (size_t i = 0; i < want.size(); ++i) {
+                ASSERT_TRUE(within(got[i], want[i], tol)) << "element " << i << ": gpu " << got[i] << " cpu " << want[i];
+                if (int(i % size_t(c.head_dim)) >= c.n_dims) {  // dims past n_dims are not rotated
+                    ASSERT_EQ(fp32_to_bits(got[i]), fp32_to_bits(x[i])) << "element " << i << " changed";
+                }
+                not_identical += fp32_to_bits(got[i]) != fp32_to_bits(want[i]);
+            }
+            total += want.size();
+        }
+    }
+    std::printf("rope: %zu of %zu elements differ from the CPU's bits\n", not_identical, total);
+}
+
+// --- element-wise ----------------------------------------------------------------
+
+TEST_F(CudaOps, SwigluMatchesCpu) {
+    SCOPED_TRACE(seed_text());
+    for (int64_t n : {1, 3, 17, 4096, 262157}) {
+        SCOPED_TRACE("n " + std::to_string(n));
+        std::vector<float> gate(static_cast<size_t>(n));
+        for (float& g : gate) g = uniform_int(0, 9) == 0 ? uniform(-80.0f, 80.0f) : uniform(-12.0f, 12.0f);
+        gate[size_t(n) / 2] = 0.0f;
+        const std::vector<float> up = normal(size_t(n), 0.0f, 2.0f);
+
+        DeviceBuffer<float> dgate(gate), dup(up);
+        cuda::swiglu(dgate.get(), dup.get(), n, nullptr);
+        ASSERT_NO_FATAL_FAILURE(sync_ok());
+        const std::vector<float> got = dgate.download();
+
+        std::vector<float> want = gate;
+        backend::cpu::swiglu(want.data(), up.data(), n);
+        // expf is within 2 ulp on the GPU, std::exp within 1 on the CPU.
+        for (size_t i = 0; i < want.size(); ++i)
+            ASSERT_TRUE(within(got[i], want[i], 1e-6 * std::fabs(double(want[i]))))
+                << "element " << i << " gate " << gate[i] << ": gpu " << got[i] << " cpu " << want[i];
+    }
+}
+
+TEST_F(CudaOps, AddIsExact) {
+    SCOPED_TRACE(seed_text());
+    constexpr size_t kGuard = 64;  // elements past n that must stay untouched
+    for (int64_t n : {1, 3, 17, 4096, 100003}) {
+        SCOPED_TRACE("n " + std::to_string(n));
+        const std::vector<float> x = normal(size_t(n) + kGuard, 0.0f, 10.0f);
+        const std::vector<float> y = normal(size_t(n) + kGuard, 0.0f, 10.0f);
+        DeviceBuffer<float> dx(x), dy(y);
+        cuda::add(dx.get(), dy.get(), n, nullptr);
+        ASSERT_NO_FATAL_FAILURE(sync_ok());
+        const std::vector<float> got = dx.download();
+        for (size_t i = 0; i < got.size(); ++i) {
+            const float want = i < size_t(n) ? x[i] + y[i] : x[i];
+            ASSERT_EQ(fp32_to_bits(got[i]), fp32_to_bits(want)) << "element " << i;
+        }
+    }
+}
+
+TEST_F(CudaOps, AddBiasIsExact) {
+    SCOPED_TRACE(seed_text());
+    for (int64_t rows : {1, 3, 17, 64}) {
+        for (int64_t cols : {64, 576, 4096}) {
+            SCOPED_TRACE(shape(rows, cols));
+            const std::vector<float> y = normal(size_t(rows * cols), 0.0f, 5.0f);
+            const std::vector<float> bias = normal(size_t(cols), 0.0f, 1.0f);
+            DeviceBuffer<float> dy(y), dbias(bias);
+            cuda::add_bias(dy.get(), dbias.get(), rows, cols, nullptr);
+            ASSERT_NO_FATAL_FAILURE(sync_ok());
+            const std::vector<float> got = dy.download();
+            for (int64_t r = 0; r < rows; ++r)
+                for (int64_t c = 0; c < cols; ++c) {
+                    const size_t i = size_t(r * cols + c);
+                    ASSERT_EQ(fp32_to_bits(got[i]), fp32_to_bits(y[i] + bias[size_t(c)])) << "row " << r << " col " << c;
+                }
+        }
+    }
+}
+
+TEST_F(CudaOps, GatherRowsIsExact) {
+    SCOPED_TRACE(seed_text());
+    constexpr int64_t kSourceRows = 37;
+    constexpr size_t kGuard = 64;
+    for (int64_t cols : {64, 576, 4096}) {
+        for (int64_t n : {1, 5, 64}) {
+            SCOPED_TRACE("cols " + std::to_string(cols) + " n " + std::to_string(n));
+            const std::vector<float> x = normal(size_t(kSourceRows * cols), 0.0f, 1.0f);
+            std::vector<int32_t> rows(static_cast<size_t>(n));
+            for (int32_t& r : rows) r = uniform_int(0, kSourceRows - 1);  // repeats allowed
+            DeviceBuffer<float> dx(x), dout(size_t(n * cols) + kGuard);
+            DeviceBuffer<int32_t> drows(rows);
+            dout.poison();
+            cuda::gather_rows(dx.get(), cols, drows.get(), n, dout.get(), nullptr);
+            ASSERT_NO_FATAL_FAILURE(sync_ok());
+            const std::vector<float> got = dout.download();
+            for (int64_t i = 0; i < n; ++i)
+                ASSERT_EQ(0, std::memcmp(got.data() + i * cols, x.data() + int64_t(rows[size_t(i)]) * cols,
+                                         size_t(cols) * sizeof(float)))
+                    << "output row " << i << " (source row " << rows[size_t(i)] << ")";
+            for (size_t i = size_t(n * cols); i < got.size(); ++i)
+                ASSERT_EQ(fp32_to_bits(got[i]), kPoisonBits) << "written past the end at " << i;
+        }
+    }
+}
+
+// --- kv_store --------------------------------------------------------------------
+
+TEST_F(CudaOps, KvStoreRoundsLikeFp32ToFp16) {
+    SCOPED_TRACE(seed_text());
+    constexpr int kSlots = 3, kCtx = 64;
+    // Values across the half range: normal magnitudes from subnormal to past
+    // 65504, exact rounding ties, and random finite bit patterns.
+    auto value = [&]() -> float {
+        switch (uniform_int(0, 2)) {
+            case 0: return normal(1, 0.0f, 1.0f)[0] * std::pow(10.0f, uniform(-8.0f, 5.2f));
+            case 1: {  // f32 exponents 2^-24 .. 2^15 with the 13 dropped bits exactly one half
+                const uint32_t exp = uint32_t(uniform_int(103, 142));
+                const uint32_t mant = (uint32_t(rng_()) & 0x7fe000u) | 0x1000u;
+                return fp32_from_bits((uint32_t(uniform_int(0, 1)) << 31) | (exp << 23) | mant);
+            }
+            default: {
+                const uint32_t exp = uint32_t(uniform_int(90, 150));
+                return fp32_from_bits((uint32_t(uniform_int(0, 1)) << 31) | (exp << 23) | (uint32_t(rng_()) & 0x7fffffu));
+            }
+        }
+    };
+    const std::pair<int, int> heads_dims[] = {{4, 64}, {2, 128}, {3, 96}};
+    for (const auto& [n_kv, hd] : heads_dims) {
+        for (int n_tokens : {1, 5, 40}) {
+            SCOPED_TRACE("kv heads " + std::to_string(n_kv) + " head_dim " + std::to_string(hd) + " tokens " +
+                         std::to_string(n_tokens));
+            const size_t width = size_t(n_kv) * size_t(hd);
+            // Distinct cells, plus one token outside the cache that must be dropped.
+            std::vector<int32_t> cells(kSlots * kCtx);
+            for (size_t i = 0; i < cells.size(); ++i) cells[i] = int32_t(i);
+            std::shuffle(cells.begin(), cells.end(), rng_);
+            std::vector<int32_t> slot, pos;
+            for (int t = 0; t < n_tokens; ++t) {
+                slot.push_back(cells[size_t(t)] / kCtx);
+                pos.push_back(cells[size_t(t)] % kCtx);
+            }
+            slot.push_back(uniform_int(0, 1) ? kSlots : 0);
+            pos.push_back(slot.back() == 0 ? kCtx : 0);
+            const size_t rows = slot.size();
+            std::vector<float> k(rows * width), v(rows * width);
+            for (float& f : k) f = value();
+            for (float& f : v) f = value();
+
+            DeviceBuffer<uint16_t> dk(size_t(kSlots) * kCtx * width), dv(size_t(kSlots) * kCtx * width);
+            dk.poison();
+            dv.poison();
+            DeviceBuffer<float> dkin(k), dvin(v);
+            DeviceBuffer<int32_t> dslot(slot), dpos(pos);
+            cuda::KvLayer layer{dk.get(), dv.get(), kSlots, kCtx, n_kv, hd};
+            cuda::kv_store(layer, dkin.get(), dvin.get(), int64_t(rows), dslot.get(), dpos.get(), nullptr);
+            ASSERT_NO_FATAL_FAILURE(sync_ok());
+
+            std::vector<uint16_t> want_k(dk.size(), 0xffffu), want_v(dv.size(), 0xffffu);
+            for (int t = 0; t < n_tokens; ++t) {
+                const size_t at = (size_t(slot[size_t(t)]) * kCtx + size_t(pos[size_t(t)])) * width;
+                for (size_t i = 0; i < width; ++i) {
+                    want_k[at + i] = fp32_to_fp16(k[size_t(t) * width + i]);
+                    want_v[at + i] = fp32_to_fp16(v[size_t(t) * width + i]);
+                }
+            }
+            const std::vector<uint16_t> got_k = dk.download(), got_v = dv.download();
+            for (size_t i = 0; i < want_k.size(); ++i) {
+                ASSERT_EQ(got_k[i], want_k[i]) << "K cache element " << i;
+                ASSERT_EQ(got_v[i], want_v[i]) << "V cache element " << i;
+            }
+        }
+    }
+}
+
+// --- attention -------------------------------------------------------------------
+
+TEST_F(CudaOps, AttentionSupportedShapes) {
+    EXPECT_TRUE(cuda::attention_supported(9, 3, 128));
+    EXPECT_TRUE(cuda::attention_supported(32, 8, 256));
+    EXPECT_TRUE(cuda::attention_supported(71, 1, 32));
+    EXPECT_FALSE(cuda::attention_supported(8, 3, 64));   // heads not a multiple of KV heads
+    EXPECT_FALSE(cuda::attention_supported(8, 8, 80));   // not a multiple of 32
+    EXPECT_FALSE(cuda::attention_supported(8, 8, 288));  // past 256
+    EXPECT_FALSE(cuda::attention_supported(8, 0, 64));
+}
+
+TEST_F(CudaOps, AttentionMatchesCpu) {
+    SCOPED_TRACE(seed_text());
+    constexpr int kSlots = 3, kCtx = 1536;  // 6 split segments
+    struct Config {
+        int n_heads, n_kv_heads, head_dim;
+    };
+    // GQA ratios 1, 3, 4, 2, 10 (two CTAs per KV head, the second part idle;
+    // one and two KV heads), 2, 2.
+    const Config configs[] = {{8, 8, 64},  {9, 3, 128}, {32, 8, 128}, {12, 6, 96},
+                              {10, 1, 64}, {20, 2, 64}, {4, 2, 256}, {2, 1, 32}};
+    // Batches of (slot, pos): one decode token deep in the context; tokens of
+    // several sequences on segment boundaries, plus one outside the cache (NaN
+    // row); a prefill-like batch mixing two sequences and a decode token.
+    std::vector<std::vector<std::pair<int32_t, int32_t>>> batches(3);
+    batches[0] = {{int32_t(uniform_int(0, kSlots - 1)), int32_t(uniform_int(1000, kCtx - 1))}};
+    batches[1] = {{0, 0}, {1, 255}, {2, 256}, {0, 511}, {1, 512}, {2, kCtx - 1}, {1, kCtx}};
+    for (int32_t p = 700; p < 740; ++p) batches[2].push_back({0, p});
+    for (int32_t p = 0; p < 30; ++p) batches[2].push_back({2, p});
+    batches[2].push_back({1, 1400});
+    constexpr int64_t kMaxBatch = 71;
+    constexpr size_t kGuard = 64;
+
+    for (const Config& c : configs) {
+        SCOPED_TRACE("heads " + std::to_string(c.n_heads) + " kv heads " + std::to_string(c.n_kv_heads) +
+                     " head_dim " + std::to_string(c.head_dim));
+        ASSERT_TRUE(cuda::attention_supported(c.n_heads, c.n_kv_heads, c.head_dim));
+        EXPECT_TRUE(cuda::attention_splits(1, c.n_heads, kCtx)) << "a decode token should split the context";
+        const int group = c.n_heads / c.n_kv_heads;
+        const size_t hd = size_t(c.head_dim);
+        const size_t pos_stride = size_t(c.n_kv_heads) * hd;
+        const size_t slot_stride = size_t(kCtx) * pos_stride;
+
+        std::vector<uint16_t> k(kSlots * slot_stride), v(kSlots * slot_stride);
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        for (uint16_t& h : k) h = fp32_to_fp16(nd(rng_));
+        for (uint16_t& h : v) h = fp32_to_fp16(nd(rng_));
+        DeviceBuffer<uint16_t> dk(k), dv(v);
+        cuda::KvLayer layer{dk.get(), dv.get(), kSlots, kCtx, c.n_kv_heads, c.head_dim};
+        const size_t ws_floats = cuda::attention_workspace_bytes(kMaxBatch, c.n_heads, c.head_dim, kCtx) / sizeof(float);
+        DeviceBuffer<float> workspace(ws_floats);
+
+        for (size_t b = 0; b < batches.size(); ++b) {
+            const auto& batch = batches[b];
+            const int64_t n_tokens = int64_t(batch.size());
+            const bool splits = cuda::attention_splits(n_tokens, c.n_heads, kCtx);
+            SCOPED_TRACE("batch " + std::to_string(b) + (splits ? " (split)" : " (direct)"));
+            std::vector<int32_t> slot, pos;
+            for (const auto& [s, p] : batch) {
+                slot.push_back(s);
+                pos.push_back(p);
+            }
+            const size_t row = size_t(c.n_heads) * hd;  // floats per token
+            const std::vector<float> q = normal(size_t(n_tokens) * row, 0.0f, 1.0f);
+            const float scale = 1.0f / std::sqrt(float(c.head_dim));
+            DeviceBuffer<float> dq(q);
+            DeviceBuffer<int32_t> dslot(slot), dpos(pos);
+
+            // Workspace null forces the direct path; the default picks by shape.
+            auto run = [&](bool allow_split, std::vector<float>& result) {
+                DeviceBuffer<float> dout(size_t(n_tokens) * row + kGuard);
+                dout.poison();
+                workspace.poison();
+                cuda::attention(layer, dq.get(), n_tokens, c.n_heads, scale, dslot.get(), dpos.get(), dout.get(),
+                                allow_split ? workspace.get() : nullptr, nullptr);
+                ASSERT_NO_FATAL_FAILURE(sync_ok());
+                result = dout.download();
+                for (size_t i = size_t(n_tokens) * row; i < result.size(); ++i)
+                    ASSERT_EQ(fp32_to_bits(result[i]), kPoisonBits) << "written past the end at " << i;
+            };
+            std::vector<float> got, again, direct;
+            ASSERT_NO_FATAL_FAILURE(run(true, got));
+            ASSERT_NO_FATAL_FAILURE(run(true, again));
+            ASSERT_NO_FATAL_FAILURE(run(false, direct));
+            EXPECT_EQ(0, std::memcmp(got.data(), again.data(), got.size() * sizeof(float))) << "not deterministic";
+
+            std::vector<float> want(size_t(n_tokens) * row, 0.0f);
+#pragma omp parallel for schedule(dynamic, 1)
+            for (int64_t i = 0; i < n_tokens * c.n_kv_heads; ++i) {
+                const size_t t = size_t(i / c.n_kv_heads);
+                const int kvh = int(i % c.n_kv_heads);
+                if (pos[t] >= kCtx) continue;
+                const size_t first = t * row + size_t(kvh) * size_t(group) * hd;  // first query head of the group
+                const size_t at = size_t(slot[t]) * slot_stride;
+                backend::cpu::attention_kv_group(q.data() + first, group, k.data() + at, v.data() + at, pos[t] + 1,
+                                                 kvh, c.n_kv_heads, c.head_dim, scale, want.data() + first);
+            }
+
+            const double tol = 2e-5 * max_abs(want);
+            for (size_t t = 0; t < size_t(n_tokens); ++t) {
+                for (size_t i = t * row; i < (t + 1) * row; ++i) {
+                    if (pos[t] >= kCtx) {
+                        ASSERT_TRUE(std::isnan(got[i]) && std::isnan(direct[i])) << "token outside the cache, " << i;
+                        continue;
+                    }
+                    ASSERT_TRUE(within(got[i], want[i], tol))
+                        << "token " << t << " pos " << pos[t] << " element " << i - t * row << ": gpu " << got[i]
+                        << " cpu " << want[i];
+                    ASSERT_TRUE(within(direct[i], want[i], tol))
+                        << "direct path, token " << t << " pos " << pos[t] << " element " << i - t * row
+                        << ": gpu " << direct[i] << " cpu " << want[i];
+                    // One segment combined alone is the direct computation.
+                    if (splits && pos[t] < 256) {
+                        ASSERT_EQ(got[i], direct[i]) << "token " << t << " pos " << pos[t] << " element " << i - t * row;
+                    }
+                }
+            }
+        }
+    }
+}
+
+}  // namespace
+}  // namespace tern
