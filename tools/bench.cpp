@@ -5,6 +5,8 @@
 // the comma lists is run once as a warm-up and then -r times, and t/s is the
 // mean ± standard deviation over the runs. Tokenization and sampling are not
 // part of what is timed: the tokens are random valid ids drawn beforehand.
+// Besides llama-bench's columns, "gpu mem" is the device memory the backend
+// holds once the weights and KV cache are in place (empty on the CPU).
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -43,7 +45,7 @@ struct ModelInfo {
     std::string type;      // "llama 135M Q4_1"
     uint64_t size = 0;     // bytes of tensor data
     uint64_t n_params = 0;
-    std::string backend;
+    std::string backend;   // "CPU", "CUDA"
 };
 
 struct TestRun {
@@ -52,6 +54,7 @@ struct TestRun {
     std::vector<double> ns;  // per repetition
     std::vector<double> ts;  // tokens per second per repetition
     uint64_t peak_rss = 0;   // bytes, after the test
+    uint64_t device_bytes = 0;  // held by the backend with weights and KV cache in place
 };
 
 std::vector<int> parse_list(const std::string& flag, const std::string& text, int min_value) {
@@ -103,7 +106,7 @@ ModelInfo describe_model(runtime::Engine& e, const std::string& path) {
     if (auto id = e.file().get_int("general.file_type"); id && *id >= 0 && *id <= int64_t(UINT32_MAX))
         ftype = quant::file_type_name(uint32_t(*id)).value_or("?");
     m.type = e.model().hp.arch + " " + size_label_of(e.file(), m.n_params) + " " + ftype;
-    m.backend = e.backend().name();
+    m.backend = backend_display_name(e);
     return m;
 }
 
@@ -112,6 +115,16 @@ std::string format_size(uint64_t bytes) {
     const double mib = double(bytes) / (1024.0 * 1024.0);
     if (mib < 1024.0) std::snprintf(buf, sizeof buf, "%.2f MiB", mib);
     else std::snprintf(buf, sizeof buf, "%.2f GiB", mib / 1024.0);
+    return buf;
+}
+
+double mib_of(uint64_t bytes) { return double(bytes) / (1024.0 * 1024.0); }
+
+// The "gpu mem" cell: empty for a backend in host memory.
+std::string format_device_mem(const ModelInfo& m, uint64_t bytes) {
+    if (m.backend == "CPU") return "";
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.2f MiB", mib_of(bytes));
     return buf;
 }
 
@@ -194,19 +207,22 @@ void run_test(runtime::Engine& e, TestRun& t, int reps, std::mt19937_64& rng) {
 struct MarkdownTable {
     bool show_batch;
     void header() const {
-        std::printf("| %-30s | %10s | %10s | %-10s | %7s |", "model", "size", "params", "backend", "threads");
+        std::printf("| %-30s | %10s | %10s | %-10s | %12s | %7s |", "model", "size", "params", "backend", "gpu mem",
+                    "threads");
         if (show_batch) std::printf(" %7s |", "n_batch");
         std::printf(" %15s | %20s |\n", "test", "t/s");
-        std::printf("| %s | %s: | %s: | %s | %s: |", std::string(30, '-').c_str(), std::string(9, '-').c_str(),
-                    std::string(9, '-').c_str(), std::string(10, '-').c_str(), std::string(6, '-').c_str());
+        std::printf("| %s | %s: | %s: | %s | %s: | %s: |", std::string(30, '-').c_str(), std::string(9, '-').c_str(),
+                    std::string(9, '-').c_str(), std::string(10, '-').c_str(), std::string(11, '-').c_str(),
+                    std::string(6, '-').c_str());
         if (show_batch) std::printf(" %s: |", std::string(6, '-').c_str());
         std::printf(" %s: | %s: |\n", std::string(14, '-').c_str(), std::string(19, '-').c_str());
     }
     void row(const ModelInfo& m, const TestRun& t) const {
         char ts[64];
         std::snprintf(ts, sizeof ts, "%.2f ± %.2f", mean_of(t.ts), stddev_of(t.ts));
-        std::printf("| %-30s | %10s | %10s | %-10s | %7d |", m.type.c_str(), format_size(m.size).c_str(),
-                    format_params(m.n_params).c_str(), m.backend.c_str(), t.threads);
+        std::printf("| %-30s | %10s | %10s | %-10s | %12s | %7d |", m.type.c_str(), format_size(m.size).c_str(),
+                    format_params(m.n_params).c_str(), m.backend.c_str(),
+                    format_device_mem(m, t.device_bytes).c_str(), t.threads);
         if (show_batch) std::printf(" %7d |", t.batch);
         // "±" is two bytes in UTF-8 but one column wide: pad by one more.
         std::printf(" %15s | %21s |\n", t.name.c_str(), ts);
@@ -222,6 +238,7 @@ nlohmann::ordered_json to_json(const ModelInfo& m, const TestRun& t) {
     j["model_size"] = m.size;
     j["model_n_params"] = m.n_params;
     j["backend"] = m.backend;
+    j["gpu_mem_mib"] = mib_of(t.device_bytes);  // 0 on the CPU
     j["n_threads"] = t.threads;
     j["n_batch"] = t.batch;
     j["test"] = t.name;
@@ -289,6 +306,7 @@ void run_bench(const BenchCliOptions& o, const CLI::App& cmd) {
         mf.threads = threads[ti];
         mf.batch = *std::max_element(batches.begin(), batches.end());
         std::unique_ptr<runtime::Engine> engine = open_engine(kCmd, path, mf, n_ctx);
+        const uint64_t device_bytes = engine->backend().device_bytes();
         if (ti == 0) {
             info = describe_model(*engine, path);
             if (o.model.verbose) print_model_summary(*engine, path);
@@ -297,9 +315,9 @@ void run_bench(const BenchCliOptions& o, const CLI::App& cmd) {
         for (int batch : batches) {
             std::vector<TestRun> plan;
             for (int n : pps)
-                if (n > 0) plan.push_back({"pp" + std::to_string(n), n, 0, threads[ti], batch, {}, {}, 0});
+                if (n > 0) plan.push_back({"pp" + std::to_string(n), n, 0, threads[ti], batch, {}, {}, 0, device_bytes});
             for (int n : tgs)
-                if (n > 0) plan.push_back({"tg" + std::to_string(n), 0, n, threads[ti], batch, {}, {}, 0});
+                if (n > 0) plan.push_back({"tg" + std::to_string(n), 0, n, threads[ti], batch, {}, {}, 0, device_bytes});
             for (TestRun& t : plan) {
                 if (o.model.verbose)
                     std::fprintf(stderr, "bench: %s, %d threads, batch %d: 1 warm-up + %d runs\n", t.name.c_str(),
@@ -353,7 +371,7 @@ void add_bench_command(CLI::App& app) {
         ->type_name("N,...");
     add_int_option(cmd, kCmd, "-r,--repetitions", o->reps, "Timed runs per test, after one warm-up (default 5)");
     cmd->add_option("-o,--output", o->output, "Output format: md, json or csv (default md)")->type_name("FORMAT");
-    cmd->add_option("--backend", o->model.backend, "Compute backend (default cpu)")->type_name("NAME");
+    add_backend_flags(cmd, kCmd, o->model);
     cmd->add_flag("-v,--verbose", o->model.verbose, "Print progress on stderr");
     cmd->allow_extras();
     cmd->callback([o, cmd] { run_bench(*o, *cmd); });

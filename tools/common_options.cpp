@@ -4,6 +4,7 @@
 #include <csignal>
 #include <charconv>
 #include <functional>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -14,6 +15,7 @@
 #include <system_error>
 
 #include "tools/fail.h"
+#include "tools/progress.h"
 
 namespace tern::tools {
 namespace {
@@ -102,9 +104,23 @@ void add_model_flags(CLI::App* cmd, const char* command, ModelFlags& f, const st
     add_int_option(cmd, command, "-t,--threads", f.threads, "CPU threads (default 0: all cores)");
     add_int_option(cmd, command, "-c,--ctx", f.ctx, ctx_help);
     add_int_option(cmd, command, "-b,--batch", f.batch, "Tokens per forward pass when evaluating a prompt (default 512)");
-    cmd->add_option("--backend", f.backend, "Compute backend (default cpu)")->type_name("NAME");
+    add_backend_flags(cmd, command, f);
     cmd->add_flag("-v,--verbose", f.verbose, "Print the model, settings and seed on stderr");
     cmd->allow_extras();
+}
+
+void add_backend_flags(CLI::App* cmd, const char* command, ModelFlags& f) {
+    cmd->add_option_function<std::string>(
+           "--backend",
+           [command, &f](const std::string& name) {
+               if (name != "auto" && name != "cpu" && name != "cuda")
+                   fail(command, "--backend: unknown backend '" + name + "' (choose " + runtime::kBackendChoices + ")");
+               f.backend = name;
+           },
+           "Compute backend: auto (CUDA when this build has it and a GPU is present, else CPU), cpu or cuda "
+           "(default auto)")
+        ->type_name("NAME");
+    add_int_option(cmd, command, "--gpu", f.gpu, "GPU device index for the cuda backend (default 0)");
 }
 
 void add_sampling_flags(CLI::App* cmd, const char* command, SamplingFlags& s) {
@@ -198,8 +214,11 @@ std::unique_ptr<runtime::Engine> open_engine(const char* command, const std::str
     if (f.threads < 0) fail(command, "--threads must be 0 (all cores) or more (got " + std::to_string(f.threads) + ")");
     if (f.batch < 1) fail(command, "--batch must be at least 1 (got " + std::to_string(f.batch) + ")");
     if (n_ctx < 0) fail(command, "--ctx must be 0 (the model's default) or more (got " + std::to_string(n_ctx) + ")");
+    if (f.gpu < 0) fail(command, "--gpu must be 0 or more (got " + std::to_string(f.gpu) + ")");
     runtime::EngineOptions o;
     o.backend = f.backend;
+    o.gpu = f.gpu;
+    o.load_progress = load_progress_bar();
     o.threads = f.threads;
     o.n_ctx = n_ctx;
     o.n_slots = 1;
@@ -209,11 +228,31 @@ std::unique_ptr<runtime::Engine> open_engine(const char* command, const std::str
     return std::move(*engine);
 }
 
+model::LoadProgress load_progress_bar() {
+    // Made at the first report, when the total is known; shared by the copies
+    // of the callback the Engine may make.
+    auto bar = std::make_shared<std::unique_ptr<ProgressBar>>();
+    return [bar](size_t done, size_t total) {
+        if (!*bar) *bar = std::make_unique<ProgressBar>("loading model", total);
+        (*bar)->update(done);
+        if (done >= total) (*bar)->finish();
+    };
+}
+
+std::string backend_display_name(const runtime::Engine& engine) {
+    std::string name = engine.backend().name();
+    for (char& c : name) c = char(std::toupper(static_cast<unsigned char>(c)));
+    return name;
+}
+
 void print_model_summary(const runtime::Engine& engine, const std::string& path) {
     const model::Hparams& hp = engine.model().hp;
+    std::string backend = backend_display_name(engine);
+    const size_t device_bytes = engine.backend().device_bytes();
+    if (backend != "CPU")
+        backend += " (GPU " + std::to_string(engine.options().gpu) + ", " + format_bytes(device_bytes) + " of device memory)";
     std::fprintf(stderr, "model: %s (%s, %d layers, %d embd, vocab %d), context %d, backend %s\n", path.c_str(),
-                 hp.arch.c_str(), hp.n_layer, hp.n_embd, hp.n_vocab, engine.n_ctx(),
-                 engine.options().backend.c_str());
+                 hp.arch.c_str(), hp.n_layer, hp.n_embd, hp.n_vocab, engine.n_ctx(), backend.c_str());
 }
 
 std::vector<int32_t> tokenize_prompt(const text::Tokenizer& tok, std::string_view prompt, bool parse_special) {

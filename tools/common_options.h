@@ -1,5 +1,5 @@
-// What the model-running subcommands (run, chat, perplexity, bench) share:
-// the model/threads/context/batch/backend flags, the sampling flags, strict
+// What the model-running subcommands (run, chat, perplexity, bench, serve)
+// share: the model/threads/context/batch/backend/GPU flags, the sampling flags, strict
 // number parsing that names the flag it rejects, finding the default model,
 // opening the engine, and turning a prompt or a conversation into tokens.
 #pragma once
@@ -28,7 +28,8 @@ struct ModelFlags {
     int threads = 0;             // 0: all cores
     int ctx = 0;                 // 0: the command's default
     int batch = 512;
-    std::string backend = "cpu";
+    std::string backend = "auto";  // auto, cpu or cuda
+    int gpu = 0;                   // device index for cuda
     bool verbose = false;
 };
 
@@ -46,9 +47,11 @@ CLI::Option* add_float_option(CLI::App* cmd, const char* command, const std::str
 CLI::Option* add_u64_option(CLI::App* cmd, const char* command, const std::string& names,
                             std::optional<uint64_t>& dst, const std::string& help);
 
-// -m/--model, -t/--threads, -c/--ctx, -b/--batch, --backend, -v/--verbose.
+// -m/--model, -t/--threads, -c/--ctx, -b/--batch, --backend, --gpu, -v/--verbose.
 // ctx_help describes the default context of the command.
 void add_model_flags(CLI::App* cmd, const char* command, ModelFlags& flags, const std::string& ctx_help);
+// --backend (checked to be auto, cpu or cuda as it is parsed) and --gpu.
+void add_backend_flags(CLI::App* cmd, const char* command, ModelFlags& flags);
 // --temp, --top-k, --top-p, --min-p, --repeat-penalty, --repeat-last-n,
 // --presence-penalty, --frequency-penalty, --seed.
 void add_sampling_flags(CLI::App* cmd, const char* command, SamplingFlags& flags);
@@ -67,10 +70,19 @@ std::string resolve_model_path(const char* command, const std::string& flag);
 runtime::SamplerParams finish_sampling(const char* command, const SamplingFlags& flags);
 
 // Opens the model (path already resolved) or fails with the loader's message.
+// Weights copied onto a GPU show a progress bar on stderr (see load_progress_bar).
 std::unique_ptr<runtime::Engine> open_engine(const char* command, const std::string& path,
                                              const ModelFlags& flags, int n_ctx);
 
-// One line on stderr about the loaded model (for --verbose).
+// A load-progress callback drawing a ProgressBar on stderr: a bar on a
+// terminal, otherwise a line now and then for a long load. The Engine calls
+// it only for backends that copy weights (never cpu).
+model::LoadProgress load_progress_bar();
+
+// The backend's name, in upper case as llama-bench prints it ("CPU", "CUDA").
+std::string backend_display_name(const runtime::Engine& engine);
+
+// One line on stderr about the loaded model and backend (for --verbose).
 void print_model_summary(const runtime::Engine& engine, const std::string& path);
 
 // A plain prompt: BOS first when the vocabulary adds one; parse_special turns

@@ -5,6 +5,8 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -41,6 +43,7 @@ void run_serve(const ServeOptions& o, const CLI::App& cmd) {
     if (o.http.http_threads < 2) fail(kCmd, "--http-threads must be at least 2 (got " + std::to_string(o.http.http_threads) + ")");
     if (o.model.threads < 0) fail(kCmd, "--threads must be 0 (all cores) or more");
     if (o.model.ctx < 0) fail(kCmd, "--ctx must be 0 (the model's default) or more");
+    if (o.model.gpu < 0) fail(kCmd, "--gpu must be 0 or more (got " + std::to_string(o.model.gpu) + ")");
     if (o.model.batch < o.parallel) fail(kCmd, "--batch must be at least --parallel (every sequence needs a token per step)");
     const std::string path = resolve_model_path(kCmd, o.model.model);
 
@@ -59,7 +62,11 @@ void run_serve(const ServeOptions& o, const CLI::App& cmd) {
     server::Server srv(http);
     if (Status s = srv.bind(); !s.ok()) fail(kCmd, s.message());
     std::fprintf(stderr, "tern serve: listening on http://%s:%d\n", http.host.c_str(), srv.port());
-    std::thread http_thread([&srv] { srv.run(); });
+    std::atomic<bool> listener_ended{false};
+    std::thread http_thread([&srv, &listener_ended] {
+        srv.run();
+        listener_ended.store(true);
+    });
 
     std::mutex stop_mu;
     bool stop_requested = false;
@@ -83,13 +90,20 @@ void run_serve(const ServeOptions& o, const CLI::App& cmd) {
 
     runtime::EngineOptions eo;
     eo.backend = o.model.backend;
+    eo.gpu = o.model.gpu;
+    eo.load_progress = load_progress_bar();
     eo.threads = o.model.threads;
     eo.n_ctx = o.model.ctx;
     eo.n_slots = o.parallel;
     eo.max_batch = o.model.batch;
     auto opened = runtime::Engine::open(path, eo);
     if (!opened.ok()) {
-        srv.stop();
+        // A stop that comes before the listener's accept loop has begun is
+        // lost (the loop would then run on), so it is repeated until the loop ends.
+        while (!listener_ended.load()) {
+            srv.stop();
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
         finish();
         fail(kCmd, "cannot load " + path + ": " + opened.error().message);
     }
@@ -116,7 +130,8 @@ void run_serve(const ServeOptions& o, const CLI::App& cmd) {
         if (!stop_requested)
             srv.attach(*engine, scheduler, std::move(prompts), std::filesystem::path(path).stem().string());
     }
-    std::fprintf(stderr, "tern serve: model loaded (%d sequences of %d tokens)\n", o.parallel, engine->n_ctx());
+    std::fprintf(stderr, "tern serve: model loaded on %s (%d sequences of %d tokens)\n",
+                 backend_display_name(*engine).c_str(), o.parallel, engine->n_ctx());
     finish();
     scheduler.shutdown();
     std::fprintf(stderr, "tern serve: stopped\n");

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <string>
+#include <vector>
 
 namespace tern::model {
 namespace {
@@ -109,7 +110,7 @@ Result<Hparams> read_hparams(const gguf::File& f) {
     return hp;
 }
 
-Result<Model> load_model(const gguf::File& f, backend::Backend& be) {
+Result<Model> load_model(const gguf::File& f, backend::Backend& be, const LoadProgress& progress) {
     auto hp = read_hparams(f);
     if (!hp.ok()) return hp.error();
     Model m;
@@ -118,41 +119,56 @@ Result<Model> load_model(const gguf::File& f, backend::Backend& be) {
     const int64_t q_dim = int64_t(h.n_head) * h.head_dim;
     const int64_t kv_dim = int64_t(h.n_head_kv) * h.head_dim;
 
+    // Every tensor is checked first and registered after, so a bad file fails
+    // before a backend copies anything, and progress knows the total.
+    struct Planned {
+        backend::Weight* dst;
+        const gguf::TensorInfo* info;
+    };
+    std::vector<Planned> plan;
     Status failed;
-    auto reg = [&](backend::Weight& dst, const std::string& name, int64_t ne0, int64_t ne1, bool required = true) {
+    auto want = [&](backend::Weight& dst, const std::string& name, int64_t ne0, int64_t ne1, bool required = true) {
         if (!failed.ok()) return;
         auto t = find_checked(f, name, ne0, ne1, required);
         if (!t.ok()) { failed = t.error(); return; }
-        if (*t == nullptr) return;
-        auto w = be.register_weight(**t);
-        if (!w.ok()) { failed = w.error(); return; }
-        dst = std::move(*w);
+        if (*t != nullptr) plan.push_back({&dst, *t});
     };
 
-    reg(m.token_embd, "token_embd.weight", h.n_embd, h.n_vocab);
-    reg(m.output_norm, "output_norm.weight", h.n_embd, 0);
-    reg(m.output, "output.weight", h.n_embd, h.n_vocab, /*required=*/false);
-    if (failed.ok() && !m.output) m.output = m.token_embd;  // tied embeddings
-    reg(m.rope_freqs, "rope_freqs.weight", h.rope.n_dims / 2, 0, /*required=*/false);
+    want(m.token_embd, "token_embd.weight", h.n_embd, h.n_vocab);
+    want(m.output_norm, "output_norm.weight", h.n_embd, 0);
+    want(m.output, "output.weight", h.n_embd, h.n_vocab, /*required=*/false);
+    want(m.rope_freqs, "rope_freqs.weight", h.rope.n_dims / 2, 0, /*required=*/false);
     m.layers.resize(size_t(h.n_layer));
     for (int i = 0; i < h.n_layer && failed.ok(); ++i) {
         Layer& L = m.layers[size_t(i)];
         const std::string p = "blk." + std::to_string(i) + ".";
-        reg(L.attn_norm, p + "attn_norm.weight", h.n_embd, 0);
-        reg(L.wq, p + "attn_q.weight", h.n_embd, q_dim);
-        reg(L.wk, p + "attn_k.weight", h.n_embd, kv_dim);
-        reg(L.wv, p + "attn_v.weight", h.n_embd, kv_dim);
+        want(L.attn_norm, p + "attn_norm.weight", h.n_embd, 0);
+        want(L.wq, p + "attn_q.weight", h.n_embd, q_dim);
+        want(L.wk, p + "attn_k.weight", h.n_embd, kv_dim);
+        want(L.wv, p + "attn_v.weight", h.n_embd, kv_dim);
         const bool biases = h.arch == "qwen2";
-        reg(L.bq, p + "attn_q.bias", q_dim, 0, biases);
-        reg(L.bk, p + "attn_k.bias", kv_dim, 0, biases);
-        reg(L.bv, p + "attn_v.bias", kv_dim, 0, biases);
-        reg(L.wo, p + "attn_output.weight", q_dim, h.n_embd);
-        reg(L.ffn_norm, p + "ffn_norm.weight", h.n_embd, 0);
-        reg(L.w_gate, p + "ffn_gate.weight", h.n_embd, h.n_ff);
-        reg(L.w_up, p + "ffn_up.weight", h.n_embd, h.n_ff);
-        reg(L.w_down, p + "ffn_down.weight", h.n_ff, h.n_embd);
+        want(L.bq, p + "attn_q.bias", q_dim, 0, biases);
+        want(L.bk, p + "attn_k.bias", kv_dim, 0, biases);
+        want(L.bv, p + "attn_v.bias", kv_dim, 0, biases);
+        want(L.wo, p + "attn_output.weight", q_dim, h.n_embd);
+        want(L.ffn_norm, p + "ffn_norm.weight", h.n_embd, 0);
+        want(L.w_gate, p + "ffn_gate.weight", h.n_embd, h.n_ff);
+        want(L.w_up, p + "ffn_up.weight", h.n_embd, h.n_ff);
+        want(L.w_down, p + "ffn_down.weight", h.n_ff, h.n_embd);
     }
     if (!failed.ok()) return Error{failed.message()};
+
+    size_t total_bytes = 0;
+    for (const Planned& p : plan) total_bytes += size_t(p.info->n_bytes);
+    size_t done_bytes = 0;
+    for (const Planned& p : plan) {
+        auto w = be.register_weight(*p.info);
+        if (!w.ok()) return w.error();
+        *p.dst = std::move(*w);
+        done_bytes += size_t(p.info->n_bytes);
+        if (progress) progress(done_bytes, total_bytes);
+    }
+    if (!m.output) m.output = m.token_embd;  // tied embeddings
     return m;
 }
 

@@ -4,6 +4,8 @@
 // llama.cpp.
 #pragma once
 
+#include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -57,7 +59,12 @@ bool architecture_supported(const std::string& arch);
 // shape, without touching a backend.
 Result<Hparams> read_hparams(const gguf::File& file);
 
-// Registers every weight with the backend. The file must outlive the model.
-Result<Model> load_model(const gguf::File& file, backend::Backend& be);
+// Told after each weight is registered: bytes of tensor data registered so
+// far and in all (done_bytes == total_bytes after the last one).
+using LoadProgress = std::function<void(size_t done_bytes, size_t total_bytes)>;
+
+// Checks every tensor, then registers each weight with the backend, calling
+// `progress` (if given) after each. The file must outlive the model.
+Result<Model> load_model(const gguf::File& file, backend::Backend& be, const LoadProgress& progress = {});
 
 }  // namespace tern::model

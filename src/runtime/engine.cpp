@@ -4,6 +4,49 @@
 
 namespace tern::runtime {
 
+Result<std::string> choose_backend(const std::string& requested, bool built_with_cuda,
+                                   const Result<std::vector<backend::GpuInfo>>& gpus) {
+    if (requested == "cpu" || requested == "cuda") return requested;
+    if (requested == "auto")
+        return std::string(built_with_cuda && gpus.ok() && !gpus->empty() ? "cuda" : "cpu");
+    return Error{"unknown backend '" + requested + "' (choose " + kBackendChoices + ")"};
+}
+
+Status check_gpu(int index, const Result<std::vector<backend::GpuInfo>>& gpus) {
+    if (!gpus.ok()) return Error{"cannot list the GPUs: " + gpus.error().message};
+    if (gpus->empty()) return Error{"no CUDA GPU found on this machine"};
+    if (index < 0 || size_t(index) >= gpus->size()) {
+        std::string found;
+        for (const backend::GpuInfo& g : *gpus)
+            found += (found.empty() ? "" : ", ") + std::to_string(g.index) + ": " + g.name;
+        return Error{"there is no GPU " + std::to_string(index) + " (found " + std::to_string(gpus->size()) +
+                     ": " + found + ")"};
+    }
+    return {};
+}
+
+namespace {
+
+// Creates the backend `options` ask for, or says why it cannot be had.
+Result<std::unique_ptr<backend::Backend>> open_backend(const EngineOptions& options) {
+    if (options.gpu < 0) return Error{"GPU index must be 0 or more (got " + std::to_string(options.gpu) + ")"};
+    const bool cuda_built = backend::built_with_cuda();
+    // Asking the driver costs a moment; only cuda and auto need the answer.
+    Result<std::vector<backend::GpuInfo>> gpus = std::vector<backend::GpuInfo>{};
+    if (cuda_built && options.backend != "cpu") gpus = backend::list_gpus();
+    auto name = choose_backend(options.backend, cuda_built, gpus);
+    if (!name.ok()) return name.error();
+    if (*name == "cpu") return backend::make_cpu_backend(options.threads);
+    // Without CUDA the factory's message says how to build with it.
+    if (cuda_built)
+        if (Status s = check_gpu(options.gpu, gpus); !s.ok()) return Error{"backend cuda: " + s.message()};
+    auto be = backend::make_cuda_backend(options.gpu);
+    if (!be.ok()) return Error{"backend cuda: " + be.error().message};
+    return std::move(*be);
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Engine>> Engine::open(const std::string& path, const EngineOptions& options) {
     std::unique_ptr<Engine> e(new Engine());
     e->options_ = options;
@@ -14,15 +57,14 @@ Result<std::unique_ptr<Engine>> Engine::open(const std::string& path, const Engi
     if (options.n_ctx < 0 || options.n_ctx > (1 << 20))
         return Error{"context size must be between 1 and 1048576 (got " + std::to_string(options.n_ctx) + ")"};
 
+    // The backend first: a backend that cannot be had fails before the file is read.
+    auto be = open_backend(options);
+    if (!be.ok()) return be.error();
+    e->backend_ = std::move(*be);
+
     auto file = gguf::File::open(path);
     if (!file.ok()) return file.error();
     e->file_ = std::move(*file);
-
-    if (options.backend == "cpu") {
-        e->backend_ = backend::make_cpu_backend(options.threads);
-    } else {
-        return Error{"backend '" + options.backend + "' is not available in this build (available: cpu)"};
-    }
 
     auto vocab = text::load_vocab(*e->file_);
     if (!vocab.ok()) return vocab.error();
@@ -30,7 +72,10 @@ Result<std::unique_ptr<Engine>> Engine::open(const std::string& path, const Engi
     if (!tok.ok()) return tok.error();
     e->tokenizer_ = std::move(*tok);
 
-    auto m = model::load_model(*e->file_, *e->backend_);
+    const bool copies_weights = e->backend_->name() != "cpu";
+    auto m = model::load_model(*e->file_, *e->backend_,
+                               copies_weights ? options.load_progress : model::LoadProgress{});
+    e->options_.load_progress = nullptr;  // it may hold the caller's state; loading is over
     if (!m.ok()) return m.error();
     e->model_ = std::move(*m);
     if (e->tokenizer_->n_vocab() > e->model_.hp.n_vocab)

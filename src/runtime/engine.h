@@ -6,8 +6,10 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
+#include "backend/gpu.h"
 #include "base/result.h"
 #include "gguf/gguf.h"
 #include "model/forward.h"
@@ -16,13 +18,34 @@
 
 namespace tern::runtime {
 
+// The names EngineOptions::backend accepts, for messages: "auto, cpu or cuda".
+inline constexpr const char* kBackendChoices = "auto, cpu or cuda";
+
 struct EngineOptions {
-    std::string backend = "cpu";
+    // "cpu", "cuda", or "auto": cuda when this build has CUDA and a GPU
+    // answers, else cpu. Engine::backend().name() says which was chosen.
+    std::string backend = "auto";
+    int gpu = 0;           // device index for the cuda backend
     int threads = 0;       // CPU threads; 0 = all cores
     int n_ctx = 0;         // positions per sequence; 0 = the model's training context, capped at 4096
     int n_slots = 1;       // sequences held at once
     int max_batch = 512;   // tokens per forward call
+    // Told as weights are copied onto a device; never called for the cpu
+    // backend, whose weights are the file's memory map and load at once.
+    model::LoadProgress load_progress;
 };
+
+// The backend a name selects, "cpu" or "cuda", given whether this build has
+// CUDA and what backend::list_gpus() reported. "auto" is cuda when the build
+// has CUDA and the list holds a GPU, else cpu; "cuda" is returned even when
+// it cannot run (check_gpu and make_cuda_backend say why). Unknown names are
+// an error listing the accepted ones.
+Result<std::string> choose_backend(const std::string& requested, bool built_with_cuda,
+                                   const Result<std::vector<backend::GpuInfo>>& gpus);
+
+// Whether GPU `index` is in what backend::list_gpus() reported; the error
+// names why not (the list failed, no GPU, no such index among those found).
+Status check_gpu(int index, const Result<std::vector<backend::GpuInfo>>& gpus);
 
 class Engine {
 public:
@@ -33,6 +56,7 @@ public:
     const text::Tokenizer& tokenizer() const { return *tokenizer_; }
     model::Forward& forward() { return *forward_; }
     backend::Backend& backend() { return *backend_; }
+    const backend::Backend& backend() const { return *backend_; }
     const EngineOptions& options() const { return options_; }
     int n_ctx() const { return forward_->n_ctx(); }
     int n_vocab() const { return model_.hp.n_vocab; }

@@ -275,12 +275,13 @@ def test_perplexity_text_too_short(tmp_path):
 
 
 def test_bench_json_rows():
-    r = tern_model("bench", "-p", 16, "-n", 4, "-r", 2, "-o", "json")
+    # The CPU pinned: on a machine with a GPU, auto would pick CUDA.
+    r = tern_model("bench", "--backend", "cpu", "-p", 16, "-n", 4, "-r", 2, "-o", "json")
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)
     assert [row["test"] for row in rows] == ["pp16", "tg4"]
     for row in rows:
-        assert row["n_threads"] == 1 and row["backend"] == "cpu"
+        assert row["n_threads"] == 1 and row["backend"] == "CPU" and row["gpu_mem_mib"] == 0
         assert row["model_type"] == "llama 135M Q4_1"
         assert 100e6 < row["model_n_params"] < 200e6
         assert 0 < row["model_size"] < MODEL.stat().st_size
@@ -295,12 +296,14 @@ def test_bench_json_rows():
 
 
 def test_bench_markdown_and_csv():
-    md = tern_model("bench", "-p", 8, "-n", 0, "-r", 1)
+    md = tern_model("bench", "--backend", "cpu", "-p", 8, "-n", 0, "-r", 1)
     assert md.returncode == 0, md.stderr
     lines = md.stdout.splitlines()
-    assert re.match(r"\| model +\| +size \| +params \| backend +\| threads \| +test \| +t/s \|", lines[0]), lines[0]
-    assert re.match(r"\| llama 135M Q4_1 +\| +[\d.]+ MiB \| +1[0-9]{2}\.\d\d M \| cpu +\| +1 \| +pp8 \| +[\d.]+ ± [\d.]+ \|",
-                    lines[2]), lines[2]
+    assert re.match(r"\| model +\| +size \| +params \| backend +\| +gpu mem \| threads \| +test \| +t/s \|",
+                    lines[0]), lines[0]
+    # The GPU memory cell is empty on the CPU.
+    assert re.match(r"\| llama 135M Q4_1 +\| +[\d.]+ MiB \| +1[0-9]{2}\.\d\d M \| CPU +\| +\| +1 \| +pp8 \| "
+                    r"+[\d.]+ ± [\d.]+ \|", lines[2]), lines[2]
     assert re.search(r"^build: tern \S+, peak RSS [\d.]+ [MG]iB$", md.stdout, re.M), md.stdout
     # Comma lists: every combination of threads and tests is a row.
     out = tern("bench", "-m", MODEL, "-t", "1,2", "-p", 8, "-n", 2, "-r", 1, "-o", "csv")
