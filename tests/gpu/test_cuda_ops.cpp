@@ -342,7 +342,8 @@ TEST_F(CudaOps, AttentionSupportedShapes) {
 
 TEST_F(CudaOps, AttentionMatchesCpu) {
     SCOPED_TRACE(seed_text());
-    constexpr int kSlots = 3, kCtx = 1536;  // 6 split segments
+    constexpr int kSlots = 3, kCtx = 1536;  // 24 split segments
+    constexpr int kSegment = 64;            // split segment length at this context
     struct Config {
         int n_heads, n_kv_heads, head_dim;
     };
@@ -352,13 +353,16 @@ TEST_F(CudaOps, AttentionMatchesCpu) {
                               {10, 1, 64}, {20, 2, 64}, {4, 2, 256}, {2, 1, 32}};
     // Batches of (slot, pos): one decode token deep in the context; tokens of
     // several sequences on segment boundaries, plus one outside the cache (NaN
-    // row); a prefill-like batch mixing two sequences and a decode token.
-    std::vector<std::vector<std::pair<int32_t, int32_t>>> batches(3);
+    // row); a prefill-like batch mixing two sequences and a decode token (tiles
+    // of one slot share staged K/V, tiles across the seam read their own); one
+    // sequence's prefill with a token outside the cache in its midst.
+    std::vector<std::vector<std::pair<int32_t, int32_t>>> batches(4);
     batches[0] = {{int32_t(uniform_int(0, kSlots - 1)), int32_t(uniform_int(1000, kCtx - 1))}};
-    batches[1] = {{0, 0}, {1, 255}, {2, 256}, {0, 511}, {1, 512}, {2, kCtx - 1}, {1, kCtx}};
+    batches[1] = {{0, 0}, {1, 63}, {2, 64}, {0, 255}, {1, 256}, {2, kCtx - 1}, {1, kCtx}};
     for (int32_t p = 700; p < 740; ++p) batches[2].push_back({0, p});
     for (int32_t p = 0; p < 30; ++p) batches[2].push_back({2, p});
     batches[2].push_back({1, 1400});
+    for (int32_t p = 90; p < 127; ++p) batches[3].push_back({1, p == 95 ? kCtx : p});
     constexpr int64_t kMaxBatch = 71;
     constexpr size_t kGuard = 64;
 
@@ -441,7 +445,7 @@ TEST_F(CudaOps, AttentionMatchesCpu) {
                         << "direct path, token " << t << " pos " << pos[t] << " element " << i - t * row
                         << ": gpu " << direct[i] << " cpu " << want[i];
                     // One segment combined alone is the direct computation.
-                    if (splits && pos[t] < 256) {
+                    if (splits && pos[t] < kSegment) {
                         ASSERT_EQ(got[i], direct[i]) << "token " << t << " pos " << pos[t] << " element " << i - t * row;
                     }
                 }

@@ -1,23 +1,39 @@
 // Attention over the f16 KV cache (ops.h), with the online softmax of the CPU
 // twin (cpu::attention_kv_group): a running max m, denominator l and numerator
-// acc per (token, query head), positions taken in increasing order.
+// acc per (token, query head), positions taken in chunks of 32 in increasing
+// order.
 //
-// Work split: one warp per (token, query head). A CTA holds the warps of up to
-// kMaxWarps query heads that share one KV head, so each K/V row the first warp
-// loads is found in L1 by the others. Positions go by chunks of 32: lane j
-// scores position p0 + j (a whole q.k dot product; q sits in shared memory and
-// is read as a broadcast), then the 32 probabilities are broadcast with
-// __shfl_sync while each lane accumulates its own dims (lane, lane+32, ...) of V.
+// One warp computes one (token, query head). Lane l owns the D = head_dim / 32
+// contiguous dims l*D .. l*D+D-1 of q, of every K and V row and of acc, so a
+// K or V row is read by the whole warp with one coalesced (vector) load.
+// For a chunk of 32 positions each lane forms the partial dots of its dims
+// with all 32 K rows; a transpose reduction over the warp (16+8+4+2+1 shuffle
+// steps, each lane keeping one half and handing the other to its partner)
+// leaves the full dot of position p on lane p. The 32 probabilities are then
+// broadcast with __shfl_sync while each lane accumulates its dims of V.
 //
-// Split-KV (decode): a single token has too few (token, head) warps to fill the
-// GPU, so each token's context is cut into segments of kSegment positions,
-// computed by separate CTAs (grid y) that write (m, l, acc) partials to the
-// workspace; a second kernel combines them in segment order. The grid covers
-// n_ctx positions because pos lives on the device (and the launch must not
-// change inside a CUDA graph); CTAs of segments past pos[t] exit at once.
+// Two kernels feed that same chunk computation:
+//  - decode: a CTA holds the warps of up to kMaxWarps query heads that share
+//    one KV head (K/V rows found in L1 by all but the first) and reads K/V
+//    straight from global memory. Split-KV: a few tokens have too few warps to
+//    fill the GPU, so each token's context is cut into segments computed by
+//    separate CTAs (grid y) that write (m, l, acc) partials to the workspace;
+//    a second kernel combines them in segment order. The grid covers n_ctx
+//    positions because pos lives on the device (and the launch must not change
+//    inside a CUDA graph); CTAs of segments past pos[t] exit at once.
+//  - prefill (several tokens, no split): a CTA takes a tile of consecutive
+//    tokens times the query heads of one KV head. When every token of the tile
+//    that lies in the cache uses the same slot (the usual prefill), each chunk
+//    of K and then of V rows is staged once into shared memory, converted to
+//    f32, and serves every warp of the tile. A tile mixing slots (the device
+//    decides, since slot and pos are device arrays) has each warp read its own
+//    rows from global memory, as the decode kernel does.
+// Both kernels run the identical arithmetic per (token, head, chunk), so the
+// choice of kernel never changes a bit of the result.
 //
 // Every sum runs in a fixed order and warp reductions are butterflies whose
-// result is the same bits on every lane, so results are deterministic.
+// result is the same bits on every lane (or transpose reductions whose result
+// lives on one lane), so results are deterministic.
 #include <cuda_fp16.h>
 
 #include <cmath>
@@ -30,15 +46,17 @@ namespace {
 constexpr int kWarp = 32;
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kMaxHeadDim = 256;
-constexpr int kMaxDimsPerLane = kMaxHeadDim / kWarp;
-constexpr int kMaxWarps = 8;    // query heads per CTA; larger GQA groups take several CTAs
-constexpr int kSegment = 256;   // positions per split-KV segment
+constexpr int kChunk = kWarp;        // positions scored together: one per lane
+constexpr int kMaxWarps = 8;         // query heads per CTA; larger GQA groups take several CTAs
+constexpr int kPrefillWarps = 16;    // warps of a prefill CTA: tile tokens x query heads
+constexpr int kMinSegment = 64;      // positions per split-KV segment, at most contexts
+constexpr int kMaxSegments = 256;    // longer contexts grow the segment instead (bounded workspace)
 
 struct AttnShape {
     int n_heads = 0, n_kv_heads = 0, head_dim = 0;
     int group = 0;   // query heads per KV head
-    int warps = 0;   // warps (query heads) per CTA: min(group, kMaxWarps)
-    int chunks = 0;  // CTAs per (token, KV head): ceil(group / warps)
+    int warps = 0;   // query heads per CTA: min(group, kMaxWarps)
+    int chunks = 0;  // CTAs per (token or tile, KV head): ceil(group / warps)
     float scale = 0.0f;
 };
 
@@ -62,41 +80,207 @@ __device__ float warp_sum(float v) {
     return v;
 }
 
+// part[j] on each lane is that lane's share of the value of item j; returns
+// on lane p the sum over all lanes of item p. At step w each lane keeps the
+// half of its items whose bit w matches its lane's and sends the other half
+// to lane ^ w, which keeps exactly those: 31 shuffles, a fixed order.
+template <int W>
+__device__ void transpose_step(float (&part)[kWarp], int lane) {
+    const bool upper = (lane & W) != 0;
+#pragma unroll
+    for (int i = 0; i < W; ++i) {
+        const float send = upper ? part[i] : part[i + W];
+        const float keep = upper ? part[i + W] : part[i];
+        part[i] = keep + __shfl_xor_sync(kFullMask, send, W);
+    }
+}
+__device__ float transpose_sum(float (&part)[kWarp], int lane) {
+    // Steps spelled out so every index is a constant: part stays in registers.
+    transpose_step<16>(part, lane);
+    transpose_step<8>(part, lane);
+    transpose_step<4>(part, lane);
+    transpose_step<2>(part, lane);
+    transpose_step<1>(part, lane);
+    return part[0];
+}
+
 __device__ float half_bits_to_float(unsigned bits) { return __half2float(__ushort_as_half((unsigned short)bits)); }
 
-// q . k over head_dim (a multiple of 8) in element order; k is a 16-byte
-// aligned row of f16 in global memory, q 16-byte aligned in shared memory.
-__device__ float dot_q_k(const float* q, const uint16_t* k, int head_dim) {
-    float dot = 0.0f;
-    for (int i = 0; i < head_dim; i += 8) {
-        const uint4 kk = __ldg(reinterpret_cast<const uint4*>(k + i));
-        const float4 qa = *reinterpret_cast<const float4*>(q + i);
-        const float4 qb = *reinterpret_cast<const float4*>(q + i + 4);
-        // Little-endian: the lower-addressed half is the low 16 bits of a word.
-        dot = fmaf(qa.x, half_bits_to_float(kk.x & 0xffffu), dot);
-        dot = fmaf(qa.y, half_bits_to_float(kk.x >> 16), dot);
-        dot = fmaf(qa.z, half_bits_to_float(kk.y & 0xffffu), dot);
-        dot = fmaf(qa.w, half_bits_to_float(kk.y >> 16), dot);
-        dot = fmaf(qb.x, half_bits_to_float(kk.z & 0xffffu), dot);
-        dot = fmaf(qb.y, half_bits_to_float(kk.z >> 16), dot);
-        dot = fmaf(qb.z, half_bits_to_float(kk.w & 0xffffu), dot);
-        dot = fmaf(qb.w, half_bits_to_float(kk.w >> 16), dot);
+// Little-endian: the lower-addressed half is the low 16 bits of a word.
+__device__ void unpack_halves(unsigned word, float* x) {
+    x[0] = half_bits_to_float(word & 0xffffu);
+    x[1] = half_bits_to_float(word >> 16);
+}
+
+// D f16 values at p (aligned to 2*D bytes' largest power-of-two factor, up to
+// 16) as floats, with the widest loads that alignment allows.
+template <int D>
+__device__ void load_halves(const uint16_t* p, float (&x)[D]) {
+    if constexpr (D % 8 == 0) {
+#pragma unroll
+        for (int c = 0; c < D / 8; ++c) {
+            const uint4 w = __ldg(reinterpret_cast<const uint4*>(p) + c);
+            unpack_halves(w.x, x + 8 * c);
+            unpack_halves(w.y, x + 8 * c + 2);
+            unpack_halves(w.z, x + 8 * c + 4);
+            unpack_halves(w.w, x + 8 * c + 6);
+        }
+    } else if constexpr (D % 4 == 0) {
+        const uint2 w = __ldg(reinterpret_cast<const uint2*>(p));
+        unpack_halves(w.x, x);
+        unpack_halves(w.y, x + 2);
+    } else if constexpr (D % 2 == 0) {
+#pragma unroll
+        for (int c = 0; c < D / 2; ++c) unpack_halves(__ldg(reinterpret_cast<const unsigned*>(p) + c), x + 2 * c);
+    } else {
+#pragma unroll
+        for (int c = 0; c < D; ++c) x[c] = half_bits_to_float(__ldg(p + c));
     }
-    return dot;
+}
+
+// D floats of shared memory at p (aligned like load_halves' p, in floats).
+template <int D>
+__device__ void load_floats(const float* p, float (&x)[D]) {
+    if constexpr (D % 4 == 0) {
+#pragma unroll
+        for (int c = 0; c < D / 4; ++c) {
+            const float4 f = reinterpret_cast<const float4*>(p)[c];
+            x[4 * c] = f.x;
+            x[4 * c + 1] = f.y;
+            x[4 * c + 2] = f.z;
+            x[4 * c + 3] = f.w;
+        }
+    } else if constexpr (D % 2 == 0) {
+#pragma unroll
+        for (int c = 0; c < D / 2; ++c) {
+            const float2 f = reinterpret_cast<const float2*>(p)[c];
+            x[2 * c] = f.x;
+            x[2 * c + 1] = f.y;
+        }
+    } else {
+#pragma unroll
+        for (int c = 0; c < D; ++c) x[c] = p[c];
+    }
+}
+
+// Rows j = 0..31 of a chunk, this lane's D dims: f16 in global memory, or f32
+// staged in shared memory. Both give the same floats (f16 -> f32 is exact).
+struct GlobalRows {
+    const uint16_t* base;  // row 0 of the chunk
+    int64_t stride;        // halves between rows
+    template <int D>
+    __device__ void load(int j, int lane, float (&x)[D]) const {
+        load_halves<D>(base + j * stride + lane * D, x);
+    }
+};
+struct SmemRows {
+    const float* base;  // row 0 of the chunk
+    int stride;         // floats between rows (head_dim)
+    template <int D>
+    __device__ void load(int j, int lane, float (&x)[D]) const {
+        load_floats<D>(base + j * stride + lane * D, x);
+    }
+};
+
+// Online-softmax state of one (token, head); acc holds this lane's dims.
+template <int D>
+struct Softmax {
+    float m = -INFINITY, l = 0.0f;
+    float acc[D];
+    __device__ Softmax() {
+#pragma unroll
+        for (int k = 0; k < D; ++k) acc[k] = 0.0f;
+    }
+};
+
+// First half of a chunk of n_valid (1..32, warp-uniform) positions: scores
+// them, folds them into m and l and rescales acc. Returns this lane's
+// unnormalised probability (0 past n_valid).
+template <int D, class Rows>
+__device__ float score_chunk(const float (&q)[D], const Rows& k_rows, int n_valid, float scale, int lane,
+                             Softmax<D>& st) {
+    float part[kWarp];
+#pragma unroll
+    for (int j = 0; j < kWarp; ++j) {
+        part[j] = 0.0f;
+        if (j < n_valid) {
+            float kk[D];
+            k_rows.template load<D>(j, lane, kk);
+            float dot = 0.0f;
+#pragma unroll
+            for (int c = 0; c < D; ++c) dot = fmaf(q[c], kk[c], dot);
+            part[j] = dot;
+        }
+    }
+    const float dot = transpose_sum(part, lane);
+    const float score = lane < n_valid ? dot * scale : -INFINITY;
+    const float m_new = fmaxf(st.m, warp_max(score));
+    const float correction = expf(st.m - m_new);  // exp(-inf) = 0 on the first chunk
+    const float w = lane < n_valid ? expf(score - m_new) : 0.0f;
+    st.l = st.l * correction + warp_sum(w);
+#pragma unroll
+    for (int c = 0; c < D; ++c) st.acc[c] *= correction;
+    st.m = m_new;
+    return w;
+}
+
+// Second half: acc += w_j * V row j for j in order.
+template <int D, class Rows>
+__device__ void accumulate_chunk(float w, const Rows& v_rows, int n_valid, int lane, Softmax<D>& st) {
+#pragma unroll
+    for (int j = 0; j < kWarp; ++j) {
+        if (j < n_valid) {
+            const float wj = __shfl_sync(kFullMask, w, j);
+            float vv[D];
+            v_rows.template load<D>(j, lane, vv);
+#pragma unroll
+            for (int c = 0; c < D; ++c) st.acc[c] = fmaf(wj, vv[c], st.acc[c]);
+        }
+    }
+}
+
+// Positions begin..end-1 (begin a multiple of kChunk) read from global memory.
+template <int D>
+__device__ void attend_global(const float (&q)[D], const uint16_t* k_rows, const uint16_t* v_rows, int64_t stride,
+                              int begin, int end, float scale, int lane, Softmax<D>& st) {
+    for (int p0 = begin; p0 < end; p0 += kChunk) {
+        const int n_valid = min(kChunk, end - p0);
+        const float w = score_chunk<D>(q, GlobalRows{k_rows + p0 * stride, stride}, n_valid, scale, lane, st);
+        accumulate_chunk<D>(w, GlobalRows{v_rows + p0 * stride, stride}, n_valid, lane, st);
+    }
+}
+
+template <int D>
+__device__ void write_output(const Softmax<D>& st, float* out_row, int lane) {
+    const float inv = st.l > 0.0f ? __fdiv_rn(1.0f, st.l) : 0.0f;
+#pragma unroll
+    for (int c = 0; c < D; ++c) out_row[lane * D + c] = st.acc[c] * inv;
+}
+
+template <int D>
+__device__ void load_q(const float* q_row, int lane, float (&q)[D]) {
+#pragma unroll
+    for (int c = 0; c < D; ++c) q[c] = q_row[lane * D + c];
 }
 
 __device__ bool in_cache(const KvLayer& kv, int32_t slot, int32_t pos) {
     return slot >= 0 && slot < kv.n_slots && pos >= 0 && pos < kv.n_ctx;
 }
 
-// Grid: x = (token * n_kv_heads + kv_head) * chunks + chunk, y = segment.
-// Block: sh.warps warps. part.acc == null: one segment spanning the whole
-// context, output written to out; otherwise segments of seg_len positions,
-// partials written to part.
-__global__ void __launch_bounds__(kMaxWarps * kWarp)
-    attention_kernel(KvLayer kv, const float* q, AttnShape sh, const int32_t* slot, const int32_t* pos, float* out,
-                     Partials part, int seg_len) {
-    __shared__ __align__(16) float q_smem[kMaxWarps][kMaxHeadDim];
+// K or V row 0 of (slot, kv head); rows follow every n_kv_heads * head_dim halves.
+__device__ const uint16_t* slot_rows(const uint16_t* cache, const KvLayer& kv, int32_t slot, int kvh) {
+    const int64_t stride = int64_t(kv.n_kv_heads) * kv.head_dim;
+    return cache + int64_t(slot) * kv.n_ctx * stride + int64_t(kvh) * kv.head_dim;
+}
+
+// Decode (and split) kernel. Grid: x = (token * n_kv_heads + kv_head) * chunks
+// + chunk, y = segment. Block: sh.warps warps. part.acc == null: one segment
+// spanning the whole context, output written to out; otherwise segments of
+// seg_len positions (a multiple of kChunk), partials written to part.
+template <int D>
+__global__ void __launch_bounds__(kMaxWarps * kWarp, 2)
+    attention_decode_kernel(KvLayer kv, const float* q, AttnShape sh, const int32_t* slot, const int32_t* pos,
+                            float* out, Partials part, int seg_len) {
     const int warp = int(threadIdx.x) / kWarp, lane = int(threadIdx.x) % kWarp;
     const int64_t cta = blockIdx.x;
     const int chunk = int(cta % sh.chunks);
@@ -120,56 +304,111 @@ __global__ void __launch_bounds__(kMaxWarps * kWarp)
     if (begin > last) return;  // segment past this token's context: the combine does not read it
     const int end = min(last + 1, begin + seg_len);  // begin + seg_len <= n_seg * seg_len: no overflow
 
-    float* qs = q_smem[warp];
-    for (int d = lane; d < hd; d += kWarp) qs[d] = q[row * hd + d];
-    __syncwarp();
-
-    // K and V rows of position p: base + p * stride (layout [slot][pos][kv_head][head_dim]).
-    const int64_t stride = int64_t(kv.n_kv_heads) * hd;
-    const uint16_t* k_rows = kv.k + int64_t(s) * kv.n_ctx * stride + int64_t(kvh) * hd;
-    const uint16_t* v_rows = kv.v + int64_t(s) * kv.n_ctx * stride + int64_t(kvh) * hd;
-    const int dims = hd / kWarp;  // dims per lane: lane, lane + 32, ...
-
-    float m = -INFINITY, l = 0.0f;
-    float acc[kMaxDimsPerLane];
-#pragma unroll
-    for (int k = 0; k < kMaxDimsPerLane; ++k) acc[k] = 0.0f;
-
-    for (int p0 = begin; p0 < end; p0 += kWarp) {
-        const int n_valid = min(kWarp, end - p0);  // warp-uniform
-        float score = -INFINITY;
-        if (lane < n_valid) score = dot_q_k(qs, k_rows + int64_t(p0 + lane) * stride, hd) * sh.scale;
-        const float m_new = fmaxf(m, warp_max(score));
-        const float correction = expf(m - m_new);  // exp(-inf) = 0 on the first chunk
-        const float w = lane < n_valid ? expf(score - m_new) : 0.0f;
-        l = l * correction + warp_sum(w);
-#pragma unroll
-        for (int k = 0; k < kMaxDimsPerLane; ++k) acc[k] *= correction;
-        for (int j = 0; j < n_valid; ++j) {
-            const float wj = __shfl_sync(kFullMask, w, j);
-            const uint16_t* vr = v_rows + int64_t(p0 + j) * stride;
-#pragma unroll
-            for (int k = 0; k < kMaxDimsPerLane; ++k)
-                if (k < dims) acc[k] = fmaf(wj, half_bits_to_float(__ldg(vr + lane + k * kWarp)), acc[k]);
-        }
-        m = m_new;
-    }
+    float qr[D];
+    load_q<D>(q + row * hd, lane, qr);
+    Softmax<D> st;
+    attend_global<D>(qr, slot_rows(kv.k, kv, s, kvh), slot_rows(kv.v, kv, s, kvh), int64_t(kv.n_kv_heads) * hd,
+                     begin, end, sh.scale, lane, st);
 
     if (part.acc == nullptr) {
-        const float inv = l > 0.0f ? __fdiv_rn(1.0f, l) : 0.0f;
-#pragma unroll
-        for (int k = 0; k < kMaxDimsPerLane; ++k)
-            if (k < dims) out[row * hd + lane + k * kWarp] = acc[k] * inv;
+        write_output<D>(st, out + row * hd, lane);
     } else {
         const int64_t r = row * part.n_seg + blockIdx.y;
 #pragma unroll
-        for (int k = 0; k < kMaxDimsPerLane; ++k)
-            if (k < dims) part.acc[r * hd + lane + k * kWarp] = acc[k];
+        for (int c = 0; c < D; ++c) part.acc[r * hd + lane * D + c] = st.acc[c];
         if (lane == 0) {
-            part.m[r] = m;
-            part.l[r] = l;
+            part.m[r] = st.m;
+            part.l[r] = st.l;
         }
     }
+}
+
+// Copies rows p0..p0+n-1 of one slot's K or V (f16, global) to tile as f32,
+// 16 bytes per load, all threads of the CTA taking part.
+__device__ void stage_rows(const uint16_t* rows, int64_t stride, int p0, int n, int hd, float* tile) {
+    const int per_row = hd / 8;
+    for (int i = int(threadIdx.x); i < n * per_row; i += int(blockDim.x)) {
+        const int j = i / per_row, c = i % per_row;
+        float x[8];
+        load_halves<8>(rows + (p0 + j) * stride + c * 8, x);
+        float4* dst = reinterpret_cast<float4*>(tile + j * hd + c * 8);
+        dst[0] = make_float4(x[0], x[1], x[2], x[3]);
+        dst[1] = make_float4(x[4], x[5], x[6], x[7]);
+    }
+}
+
+// Prefill kernel. Grid: x = (tile * n_kv_heads + kv_head) * chunks + chunk.
+// Block: tile_tokens * sh.warps warps; warp w computes token
+// tile * tile_tokens + w / sh.warps and query head chunk * sh.warps + w % sh.warps.
+template <int D>
+__global__ void __launch_bounds__(kPrefillWarps * kWarp)
+    attention_prefill_kernel(KvLayer kv, const float* q, AttnShape sh, int64_t n_tokens, int tile_tokens,
+                             const int32_t* slot, const int32_t* pos, float* out) {
+    __shared__ __align__(16) float tile[kChunk * kMaxHeadDim];  // K, then V, of one chunk
+    __shared__ int tile_slot, tile_end, tile_mixed;
+    const int warp = int(threadIdx.x) / kWarp, lane = int(threadIdx.x) % kWarp;
+    const int64_t cta = blockIdx.x;
+    const int chunk = int(cta % sh.chunks);
+    const int kvh = int(cta / sh.chunks % sh.n_kv_heads);
+    const int64_t t0 = cta / sh.chunks / sh.n_kv_heads * tile_tokens;
+    const int64_t t = t0 + warp / sh.warps;
+    const int g = chunk * sh.warps + warp % sh.warps;
+    const int hd = sh.head_dim;
+    const int64_t row = t * sh.n_heads + int64_t(kvh) * sh.group + g;
+
+    bool active = t < n_tokens && g < sh.group;
+    const int32_t s = t < n_tokens ? slot[t] : -1, last = t < n_tokens ? pos[t] : -1;
+    if (active && !in_cache(kv, s, last)) {
+        for (int d = lane; d < hd; d += kWarp) out[row * hd + d] = NAN;
+        active = false;
+    }
+
+    // Which slot the tile's cached tokens share, and how far the furthest reaches.
+    if (threadIdx.x == 0) {
+        int first = -1, end = 0, mixed = 0;
+        for (int64_t u = t0; u < t0 + tile_tokens && u < n_tokens; ++u) {
+            const int32_t su = slot[u], pu = pos[u];
+            if (!in_cache(kv, su, pu)) continue;
+            if (first < 0) first = su;
+            mixed |= su != first;
+            end = max(end, pu + 1);
+        }
+        tile_slot = first;
+        tile_end = end;
+        tile_mixed = mixed;
+    }
+    __syncthreads();
+    if (tile_slot < 0) return;  // no token of the tile in the cache (CTA-uniform)
+
+    const int64_t stride = int64_t(kv.n_kv_heads) * hd;
+    float qr[D];
+    if (active) load_q<D>(q + row * hd, lane, qr);
+    Softmax<D> st;
+    if (tile_mixed) {  // CTA-uniform: each warp on its own, no barriers below
+        if (active)
+            attend_global<D>(qr, slot_rows(kv.k, kv, s, kvh), slot_rows(kv.v, kv, s, kvh), stride, 0, last + 1,
+                             sh.scale, lane, st);
+    } else {
+        const uint16_t* k_rows = slot_rows(kv.k, kv, tile_slot, kvh);
+        const uint16_t* v_rows = slot_rows(kv.v, kv, tile_slot, kvh);
+        const int end = last + 1;
+        const SmemRows rows{tile, hd};
+        for (int p0 = 0; p0 < tile_end; p0 += kChunk) {
+            const int n = min(kChunk, tile_end - p0);
+            const bool mine = active && p0 < end;  // warp-uniform
+            const int n_valid = min(kChunk, end - p0);
+            __syncthreads();  // every warp is done with the previous V
+            stage_rows(k_rows, stride, p0, n, hd, tile);
+            __syncthreads();
+            float w = 0.0f;
+            if (mine) w = score_chunk<D>(qr, rows, n_valid, sh.scale, lane, st);
+            __syncthreads();  // every warp is done with K
+            stage_rows(v_rows, stride, p0, n, hd, tile);
+            __syncthreads();
+            if (mine) accumulate_chunk<D>(w, rows, n_valid, lane, st);
+        }
+    }
+    if (active) write_output<D>(st, out + row * hd, lane);
 }
 
 // One CTA of head_dim threads per (token, head) row; thread d combines dim d
@@ -206,15 +445,57 @@ int current_sm_count() {
     return sms;
 }
 
-int segments(int n_ctx) { return (n_ctx + kSegment - 1) / kSegment; }
+// Short segments give a decode token many CTAs (ctx 1024: 16 per head); past
+// kMaxSegments * kMinSegment positions the segment doubles instead, so the
+// workspace stays bounded.
+int segment_length(int n_ctx) {
+    int seg = kMinSegment;
+    while (int64_t(seg) * kMaxSegments < n_ctx) seg *= 2;
+    return seg;
+}
+
+int segments(int n_ctx) {
+    const int seg = segment_length(n_ctx);
+    return (n_ctx + seg - 1) / seg;
+}
 
 // Largest batch that splits: fewer (token, head) warps than twice the SMs,
 // and a context longer than one segment.
 int64_t max_split_tokens(int n_heads, int n_ctx) {
-    if (n_heads <= 0 || n_ctx <= kSegment) return 0;
+    if (n_heads <= 0 || n_ctx <= segment_length(n_ctx)) return 0;
     const int64_t sms = current_sm_count();
     if (sms <= 0) return 0;
     return (2 * sms - 1) / n_heads;
+}
+
+template <int D>
+void launch(const KvLayer& kv, const float* q, int64_t n_tokens, const AttnShape& sh, const int32_t* slot,
+            const int32_t* pos, float* out, float* workspace, bool split, cudaStream_t stream) {
+    const unsigned threads = unsigned(sh.warps * kWarp);
+    if (split) {
+        Partials part;
+        part.n_seg = segments(kv.n_ctx);
+        const size_t rows = size_t(n_tokens) * size_t(sh.n_heads) * size_t(part.n_seg);
+        part.acc = workspace;
+        part.m = part.acc + rows * size_t(kv.head_dim);
+        part.l = part.m + rows;
+        const int seg = segment_length(kv.n_ctx);
+        const unsigned ctas = unsigned(n_tokens * kv.n_kv_heads * sh.chunks);
+        attention_decode_kernel<D><<<dim3(ctas, unsigned(part.n_seg)), threads, 0, stream>>>(kv, q, sh, slot, pos,
+                                                                                            out, part, seg);
+        attention_combine_kernel<<<unsigned(n_tokens * sh.n_heads), unsigned(kv.head_dim), 0, stream>>>(
+            kv, sh.n_heads, kv.head_dim, slot, pos, part, seg, out);
+    } else if (n_tokens == 1) {
+        const unsigned ctas = unsigned(kv.n_kv_heads * sh.chunks);
+        attention_decode_kernel<D><<<dim3(ctas, 1), threads, 0, stream>>>(kv, q, sh, slot, pos, out, Partials{},
+                                                                         kv.n_ctx);
+    } else {
+        const int tile_tokens = kPrefillWarps / sh.warps;
+        const int64_t tiles = (n_tokens + tile_tokens - 1) / tile_tokens;
+        const unsigned ctas = unsigned(tiles * kv.n_kv_heads * sh.chunks);
+        attention_prefill_kernel<D><<<ctas, unsigned(tile_tokens * sh.warps * kWarp), 0, stream>>>(
+            kv, q, sh, n_tokens, tile_tokens, slot, pos, out);
+    }
 }
 
 }  // namespace
@@ -247,22 +528,17 @@ void attention(const KvLayer& kv, const float* q, int64_t n_tokens, int n_heads,
     sh.warps = sh.group < kMaxWarps ? sh.group : kMaxWarps;
     sh.chunks = (sh.group + sh.warps - 1) / sh.warps;
     sh.scale = scale;
-    const unsigned ctas = unsigned(n_tokens * kv.n_kv_heads * sh.chunks);
-    const unsigned threads = unsigned(sh.warps * kWarp);
-
-    if (workspace != nullptr && attention_splits(n_tokens, n_heads, kv.n_ctx)) {
-        Partials part;
-        part.n_seg = segments(kv.n_ctx);
-        const size_t rows = size_t(n_tokens) * size_t(n_heads) * size_t(part.n_seg);
-        part.acc = workspace;
-        part.m = part.acc + rows * size_t(kv.head_dim);
-        part.l = part.m + rows;
-        attention_kernel<<<dim3(ctas, unsigned(part.n_seg)), threads, 0, stream>>>(kv, q, sh, slot, pos, out, part,
-                                                                                   kSegment);
-        attention_combine_kernel<<<unsigned(n_tokens * n_heads), unsigned(kv.head_dim), 0, stream>>>(
-            kv, n_heads, kv.head_dim, slot, pos, part, kSegment, out);
-    } else {
-        attention_kernel<<<dim3(ctas, 1), threads, 0, stream>>>(kv, q, sh, slot, pos, out, Partials{}, kv.n_ctx);
+    const bool split = workspace != nullptr && attention_splits(n_tokens, n_heads, kv.n_ctx);
+    switch (kv.head_dim / kWarp) {
+        case 1: launch<1>(kv, q, n_tokens, sh, slot, pos, out, workspace, split, stream); break;
+        case 2: launch<2>(kv, q, n_tokens, sh, slot, pos, out, workspace, split, stream); break;
+        case 3: launch<3>(kv, q, n_tokens, sh, slot, pos, out, workspace, split, stream); break;
+        case 4: launch<4>(kv, q, n_tokens, sh, slot, pos, out, workspace, split, stream); break;
+        case 5: launch<5>(kv, q, n_tokens, sh, slot, pos, out, workspace, split, stream); break;
+        case 6: launch<6>(kv, q, n_tokens, sh, slot, pos, out, workspace, split, stream); break;
+        case 7: launch<7>(kv, q, n_tokens, sh, slot, pos, out, workspace, split, stream); break;
+        case 8: launch<8>(kv, q, n_tokens, sh, slot, pos, out, workspace, split, stream); break;
+        default: break;  // attention_supported refused it
     }
 }
 

@@ -18,6 +18,8 @@
 #include <deque>
 #include <map>
 #include <string>
+#include <cmath>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -181,6 +183,7 @@ public:
     }
 
     void upload(const float* host, Tensor dst) override {
+        act_src_ = nullptr;  // the quantized copy of a matmul input is stale once anything writes
         check(cudaMemcpyAsync(dst.data, host, size_t(dst.rows * dst.cols) * sizeof(float), cudaMemcpyHostToDevice,
                               stream_),
               "upload");
@@ -198,6 +201,7 @@ public:
     // ---- per-batch state --------------------------------------------------------
 
     void set_batch(const BatchLayout& layout) override {
+        act_src_ = nullptr;  // the quantized copy of a matmul input is stale once anything writes
         finish_step();
         const int64_t n = int64_t(layout.pos.size());
         if (n > token_capacity_) {
@@ -217,6 +221,7 @@ public:
     // ---- operations -------------------------------------------------------------
 
     void embed(const Weight& table, const std::vector<int32_t>& tokens, Tensor out) override {
+        act_src_ = nullptr;  // the quantized copy of a matmul input is stale once anything writes
         // Rows dequantized on the host with the reference code (the CPU's
         // bits), then one copy: a token's row is 2-16 KiB, not worth a kernel.
         const auto* base = static_cast<const uint8_t*>(table.host);
@@ -243,6 +248,7 @@ public:
     }
 
     void rms_norm(Tensor x, const Weight& w, float eps, Tensor out) override {
+        act_src_ = nullptr;  // the quantized copy of a matmul input is stale once anything writes
         if (replaying_) return;
         cuda::rms_norm(x.data, w ? vec(w) : nullptr, eps, out.data, x.rows, x.cols, stream_);
         launched("rms_norm");
@@ -270,7 +276,13 @@ public:
         const int64_t n = x.rows;
         if (cuda::int_type(d.dev.type)) {
             const cuda::DevAct a{act_qs_, act_d_, act_sum_, x.cols / 32};
-            cuda::quantize_act(x.data, x.cols, n, x.cols, a, stream_);
+            // q/k/v and gate/up read the same input: quantize it once.
+            if (!(act_src_ == x.data && act_rows_ == n && act_cols_ == x.cols)) {
+                cuda::quantize_act(x.data, x.cols, n, x.cols, a, stream_);
+                act_src_ = x.data;
+                act_rows_ = n;
+                act_cols_ = x.cols;
+            }
             if (n <= cuda::kMmvqMaxTokens)
                 cuda::mmvq(d.dev, a, int(n), y.data, y.cols, stream_);
             else
@@ -279,10 +291,12 @@ public:
             cuda::matmul_float(d.dev, x.data, n, y.data, stream_);
         }
         if (bias) cuda::add_bias(y.data, vec(*bias), n, y.cols, stream_);
+        if (y.data == act_src_) act_src_ = nullptr;
         launched("matmul");
     }
 
     void rope(Tensor x, int n_heads, int head_dim, const RopeParams& rope) override {
+        act_src_ = nullptr;  // the quantized copy of a matmul input is stale once anything writes
         if (replaying_) return;
         cuda::RopeArgs r;
         r.n_heads = n_heads;
@@ -292,6 +306,7 @@ public:
         r.freq_base = rope.freq_base;
         r.freq_scale = rope.freq_scale;
         r.freq_factors = rope.freq_factors ? vec(*rope.freq_factors) : nullptr;
+        r.inv_freq = inv_freq_table(rope);
         cuda::rope(x.data, x.rows, pos_dev_, r, stream_);
         launched("rope");
     }
@@ -303,6 +318,7 @@ public:
     }
 
     void attention(int layer, Tensor q, int n_heads, float scale, Tensor out) override {
+        act_src_ = nullptr;  // the quantized copy of a matmul input is stale once anything writes
         if (replaying_) return;
         cuda::attention(kv_layer(layer), q.data, q.rows, n_heads, scale, slot_dev_, pos_dev_, out.data, attn_ws_,
                         stream_);
@@ -310,18 +326,21 @@ public:
     }
 
     void swiglu(Tensor gate, Tensor up) override {
+        act_src_ = nullptr;  // the quantized copy of a matmul input is stale once anything writes
         if (replaying_) return;
         cuda::swiglu(gate.data, up.data, gate.rows * gate.cols, stream_);
         launched("swiglu");
     }
 
     void add(Tensor x, Tensor y) override {
+        act_src_ = nullptr;  // the quantized copy of a matmul input is stale once anything writes
         if (replaying_) return;
         cuda::add(x.data, y.data, x.rows * x.cols, stream_);
         launched("add");
     }
 
     void gather_rows(Tensor x, const std::vector<int32_t>& rows, Tensor out) override {
+        act_src_ = nullptr;  // the quantized copy of a matmul input is stale once anything writes
         const int64_t n = int64_t(rows.size());
         if (n > token_capacity_) {
             note(Error{"cuda: gather of " + std::to_string(n) + " rows exceeds the workspace"});
@@ -464,6 +483,33 @@ private:
 
     static int n_heads_hint(const KvCacheShape& s) { return s.n_heads > 0 ? s.n_heads : s.n_kv_heads; }
 
+    // The rotary inverse frequencies, computed on the host exactly as the CPU
+    // backend computes them, uploaded once per RoPE configuration.
+    const double* inv_freq_table(const RopeParams& rope) {
+        const auto key = std::make_tuple(rope.n_dims, rope.freq_base, rope.freq_factors ? rope.freq_factors->host : nullptr);
+        if (inv_freq_ && key == inv_freq_key_) return inv_freq_;
+        if (capturing_) return nullptr;  // never allocate inside a capture; the kernel computes them
+        const int half = rope.n_dims / 2;
+        std::vector<double> inv(size_t(half > 0 ? half : 1));
+        std::vector<float> factors;
+        if (rope.freq_factors) {
+            factors.resize(size_t(rope.freq_factors->cols));
+            if (!quant::dequantize_row(rope.freq_factors->type, rope.freq_factors->host, factors.data(),
+                                       rope.freq_factors->cols).ok() ||
+                rope.freq_factors->cols < half)
+                return nullptr;
+        }
+        for (int i = 0; i < half; ++i) {
+            inv[size_t(i)] = std::pow(double(rope.freq_base), -2.0 * i / double(rope.n_dims));
+            if (rope.freq_factors) inv[size_t(i)] /= double(factors[size_t(i)]);
+        }
+        auto mem = device_alloc(inv.size() * sizeof(double), "rotary frequencies");
+        if (!mem.ok() || copy_to_device(*mem, inv.data(), inv.size() * sizeof(double)) != cudaSuccess) return nullptr;
+        inv_freq_ = static_cast<const double*>(*mem);
+        inv_freq_key_ = key;
+        return inv_freq_;
+    }
+
     const float* vec(const Weight& w) const { return static_cast<const DeviceWeight*>(w.impl)->vec; }
 
     cuda::KvLayer kv_layer(int layer) const {
@@ -543,12 +589,17 @@ private:
     float* act_d_ = nullptr;
     int32_t* act_sum_ = nullptr;
     int64_t act_blocks_ = 0;
+    const float* act_src_ = nullptr;  // the tensor the quantized activations hold, if still valid
+    int64_t act_rows_ = 0, act_cols_ = 0;
 
     int32_t *pos_dev_ = nullptr, *slot_dev_ = nullptr, *rows_dev_ = nullptr;
     int32_t *pos_host_ = nullptr, *slot_host_ = nullptr, *rows_host_ = nullptr;
     int64_t token_capacity_ = 0;
     float* embed_host_ = nullptr;
     int64_t embed_capacity_ = 0;
+
+    const double* inv_freq_ = nullptr;
+    std::tuple<int, float, const void*> inv_freq_key_{0, 0.0f, nullptr};
 
     KvCacheShape kv_shape_;
     uint16_t *k_ = nullptr, *v_ = nullptr;

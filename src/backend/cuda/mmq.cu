@@ -6,16 +6,20 @@
 // come from one mma (two m16n8k16 for q6_K, whose 16-element halves have their
 // own scales); the float terms and chunk sums then follow the order kernels.h
 // documents, so the result has mmvq's bits and the CPU twin's.
+#include <cstdlib>
+
 #include "backend/cuda/block_decode.cuh"
 #include "backend/cuda/kernels.h"
 
 namespace tern::cuda {
 namespace {
 
-constexpr int kTileRows = 128, kTileTokens = 64;
-constexpr int kThreads = 256;          // eight warps, 4 x 2, each 32 rows x 32 tokens
+// Rows per tile: 128 (eight warps) by default; TERN_MMQ_ROWS=64 selects the
+// four-warp tile for A/B measurements (docs/perf/LOG.md).
+constexpr int kTileTokens = 64;
 constexpr int kPitch = 256 + 16;       // bytes per staged row: a chunk plus padding against bank conflicts
 
+template <int kTileRows>
 struct Stage {
     int8_t w[kTileRows][kPitch];
     int8_t x[kTileTokens][kPitch];
@@ -42,13 +46,13 @@ __device__ __forceinline__ void mma_k16(int (&c)[4], int a0, int a1, int b0) {
         : "r"(a0), "r"(a1), "r"(b0));
 }
 
-template <WType T, bool WIDE>
+template <WType T, bool WIDE, int kTileRows, int kThreads = kTileRows * 2>
 __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(DevWeight w, DevAct a, int64_t n_tokens,
                                                          float* __restrict__ y, int64_t y_stride) {
     constexpr TermKind K = BlockInfo<T>::kind;
     constexpr bool two_scales = T == WType::Q6_K;
     extern __shared__ __align__(16) unsigned char smem[];
-    Stage& s = *reinterpret_cast<Stage*>(smem);
+    Stage<kTileRows>& s = *reinterpret_cast<Stage<kTileRows>*>(smem);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, tig = lane & 3;
@@ -178,14 +182,31 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(DevWeight w, DevAct a,
             }
 }
 
-template <WType T, bool WIDE>
-void launch(const DevWeight& w, const DevAct& a, int64_t n, float* y, int64_t ys, cudaStream_t s) {
+template <WType T, bool WIDE, int kTileRows>
+void launch_tile(const DevWeight& w, const DevAct& a, int64_t n, float* y, int64_t ys, cudaStream_t s) {
     const dim3 grid(unsigned((w.rows + kTileRows - 1) / kTileRows), unsigned((n + kTileTokens - 1) / kTileTokens));
+    const int smem = int(sizeof(Stage<kTileRows>));
     // More than the default 48 KiB of shared memory needs the opt-in (per device;
     // cheap, and prefill launches are few). A failure here fails the launch,
     // which the caller's error check reports.
-    cudaFuncSetAttribute(mmq_kernel<T, WIDE>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sizeof(Stage)));
-    mmq_kernel<T, WIDE><<<grid, kThreads, sizeof(Stage), s>>>(w, a, n, y, ys);
+    cudaFuncSetAttribute(mmq_kernel<T, WIDE, kTileRows>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    mmq_kernel<T, WIDE, kTileRows><<<grid, kTileRows * 2, smem, s>>>(w, a, n, y, ys);
+}
+
+int tile_rows() {
+    static const int rows = [] {
+        const char* e = std::getenv("TERN_MMQ_ROWS");
+        return e && std::atoi(e) == 64 ? 64 : 128;
+    }();
+    return rows;
+}
+
+template <WType T, bool WIDE>
+void launch(const DevWeight& w, const DevAct& a, int64_t n, float* y, int64_t ys, cudaStream_t s) {
+    if (tile_rows() == 64)
+        launch_tile<T, WIDE, 64>(w, a, n, y, ys, s);
+    else
+        launch_tile<T, WIDE, 128>(w, a, n, y, ys, s);
 }
 
 }  // namespace

@@ -26,7 +26,7 @@ __global__ void __launch_bounds__(kWarps * 32) mmvq_kernel(DevWeight w, DevAct a
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
 
-#pragma unroll 2
+#pragma unroll 4
     for (int64_t base = 0; base < nchunks; base += 4) {
         const int64_t ci = base + grp;        // this lane's chunk
         const int64_t b = ci * 8 + j;         // and block

@@ -25,7 +25,7 @@ __device__ int64_t grid_stride() { return int64_t(gridDim.x) * blockDim.x; }
 // --- rms_norm: one CTA per row -------------------------------------------------
 
 __global__ void rms_norm_kernel(const float* x, const float* w, float eps, float* out, int64_t cols) {
-    __shared__ double partial[kThreads];
+    __shared__ double partial[kThreads / 32];
     const int64_t row = blockIdx.x;
     const float* xr = x + row * cols;
     float* o = out + row * cols;
@@ -37,15 +37,15 @@ __global__ void rms_norm_kernel(const float* x, const float* w, float eps, float
         const double v = xr[i];
         ss += v * v;
     }
-    // Fixed reduction tree: the same sum bits on every run.
-    partial[threadIdx.x] = ss;
+    // Fixed reduction tree (butterfly within each warp, then the warps in
+    // order): the same sum bits on every run, with one barrier.
+    for (int offset = 16; offset > 0; offset >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, offset);
+    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = ss;
     __syncthreads();
-    for (int stride = kThreads / 2; stride > 0; stride /= 2) {
-        if (int(threadIdx.x) < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
-        __syncthreads();
-    }
+    double total = partial[0];
+    for (int i = 1; i < kThreads / 32; ++i) total += partial[i];
     // As the CPU: float(1 / sqrt(ss / cols + eps)), every step correctly rounded.
-    const double mean_eps = __dadd_rn(__ddiv_rn(partial[0], double(cols)), double(eps));
+    const double mean_eps = __dadd_rn(__ddiv_rn(total, double(cols)), double(eps));
     const float inv = float(__ddiv_rn(1.0, __dsqrt_rn(mean_eps)));
 
     // Every element is read before the barrier above and rewritten by the same
@@ -67,11 +67,18 @@ __global__ void rope_kernel(float* x, const int32_t* pos, RopeArgs args) {
     // times position * freq_scale.
     const double p = double(pos[row]) * double(args.freq_scale);
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        double inv_freq = pow(double(args.freq_base), __ddiv_rn(-2.0 * i, double(args.n_dims)));
-        if (args.freq_factors) inv_freq = __ddiv_rn(inv_freq, double(args.freq_factors[i]));
+        double inv_freq;
+        if (args.inv_freq) {
+            inv_freq = args.inv_freq[i];  // the host's table (the CPU's exact values)
+        } else {
+            inv_freq = pow(double(args.freq_base), __ddiv_rn(-2.0 * i, double(args.n_dims)));
+            if (args.freq_factors) inv_freq = __ddiv_rn(inv_freq, double(args.freq_factors[i]));
+        }
         const double a = __dmul_rn(p, inv_freq);
-        trig[i] = float(cos(a));
-        trig[half + i] = float(sin(a));
+        double sn, cs;
+        sincos(a, &sn, &cs);
+        trig[i] = float(cs);
+        trig[half + i] = float(sn);
     }
     __syncthreads();
 

@@ -24,6 +24,10 @@ struct RopeArgs {
     bool neox = false;
     float freq_base = 10000.0f, freq_scale = 1.0f;
     const float* freq_factors = nullptr;
+    // Device table of the n_dims/2 inverse frequencies, base^(-2i/n_dims) / factor[i],
+    // computed once on the host (pow in double is the kernel's costliest step);
+    // null: the kernel computes them from freq_base and freq_factors.
+    const double* inv_freq = nullptr;
 };
 void rope(float* x, int64_t rows, const int32_t* pos, const RopeArgs& args, cudaStream_t stream);
 
