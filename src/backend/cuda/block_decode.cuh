@@ -240,39 +240,16 @@ __device__ __forceinline__ BlockVals decode_block<WType::Q6_K, true>(const uint8
     return decode_q6_K<true>(sb, j);
 }
 
-// int -> float, exactly (every |v| < 2^24 converts exactly). I2F runs at a
-// quarter of the float rate, and the matmul epilogues convert two integers
-// per output and block, so values in [-2^22, 2^22) take the magic-number
-// path: the bits of 1.5 * 2^23 + v, minus 1.5 * 2^23, two full-rate ops.
-__device__ __forceinline__ float int_to_float_small(int v) {
-    return __fsub_rn(__int_as_float(0x4B400000 + v), 12582912.0f);
-}
-template <bool SMALL>
-__device__ __forceinline__ float int_to_float(int v) {
-    if (SMALL || unsigned(v + (1 << 22)) < (1u << 23)) return int_to_float_small(v);
-    return __int2float_rn(v);
-}
-
-// Whether a type's block sum A always lies in [-2^22, 2^22): |q| * 32 * 127
-// times the largest scale (q4_K: 63 * 15 * 32 * 127 = 3.84M). q5_K (7.9M) and
-// q6_K (16.6M) can exceed it and take the checked conversion.
-template <WType T>
-struct SmallBlockSum {
-    static constexpr bool value = T != WType::Q5_K && T != WType::Q6_K;
-};
-
 // The block's float term from the integer sums H0 (elements 0..15) and H1
 // (16..31) of value x activation, the activation scale da and sum asum.
 // Forms exactly what quant/dot_internal.h forms, with rounded, unfused ops.
-// (|mn * asum| <= 63 * 32 * 127, always small.)
-template <WType T>
+template <TermKind K>
 __device__ __forceinline__ float block_term(const BlockVals& w, int H0, int H1, float da, int asum) {
-    constexpr TermKind K = BlockInfo<T>::kind;
     const int A = w.sc0 * H0 + w.sc1 * H1;
-    const float p = __fmul_rn(__fmul_rn(w.d, da), int_to_float<SmallBlockSum<T>::value>(A));
+    const float p = __fmul_rn(__fmul_rn(w.d, da), __int2float_rn(A));
     if (K == TermKind::scale) return p;
-    if (K == TermKind::offset) return __fadd_rn(p, __fmul_rn(__fmul_rn(w.m, da), int_to_float_small(asum)));
-    return __fsub_rn(p, __fmul_rn(__fmul_rn(w.m, da), int_to_float_small(w.mn * asum)));
+    if (K == TermKind::offset) return __fadd_rn(p, __fmul_rn(__fmul_rn(w.m, da), __int2float_rn(asum)));
+    return __fsub_rn(p, __fmul_rn(__fmul_rn(w.m, da), __int2float_rn(w.mn * asum)));
 }
 
 // The chunk a 32-element block index falls in, as the kernels address it.

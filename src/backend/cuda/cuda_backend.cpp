@@ -68,10 +68,6 @@ public:
         be->pad_q6k_ = !(layout && std::string(layout) == "raw");
         const char* graphs = std::getenv("TERN_CUDA_GRAPHS");
         be->graphs_enabled_ = !(graphs && std::string(graphs) == "0");
-        const char* fuse = std::getenv("TERN_CUDA_FUSE");
-        be->fuse_enabled_ = !(fuse && std::string(fuse) == "0");
-        const char* batch = std::getenv("TERN_CUDA_BATCH");
-        be->batch_enabled_ = !(batch && std::string(batch) == "0");
         return std::unique_ptr<Backend>(std::move(be));
     }
 
@@ -187,7 +183,6 @@ public:
     }
 
     void upload(const float* host, Tensor dst) override {
-        flush_pending();
         act_src_ = nullptr;  // the quantized copy of a matmul input is stale once anything writes
         check(cudaMemcpyAsync(dst.data, host, size_t(dst.rows * dst.cols) * sizeof(float), cudaMemcpyHostToDevice,
                               stream_),
@@ -196,7 +191,6 @@ public:
     }
 
     void download(Tensor src, float* host) override {
-        flush_pending();
         finish_step();
         check(cudaMemcpyAsync(host, src.data, size_t(src.rows * src.cols) * sizeof(float), cudaMemcpyDeviceToHost,
                               stream_),
@@ -207,7 +201,6 @@ public:
     // ---- per-batch state --------------------------------------------------------
 
     void set_batch(const BatchLayout& layout) override {
-        flush_pending();
         act_src_ = nullptr;  // the quantized copy of a matmul input is stale once anything writes
         finish_step();
         const int64_t n = int64_t(layout.pos.size());
@@ -228,7 +221,6 @@ public:
     // ---- operations -------------------------------------------------------------
 
     void embed(const Weight& table, const std::vector<int32_t>& tokens, Tensor out) override {
-        flush_pending();
         act_src_ = nullptr;  // the quantized copy of a matmul input is stale once anything writes
         // Rows dequantized on the host with the reference code (the CPU's
         // bits), then one copy: a token's row is 2-16 KiB, not worth a kernel.
@@ -255,14 +247,11 @@ public:
               "embedding rows");
     }
 
-    // Deferred: if the next operation is an integer matmul reading `out`, one
-    // kernel normalizes and quantizes (flush_pending / matmul).
     void rms_norm(Tensor x, const Weight& w, float eps, Tensor out) override {
-        flush_pending();
         act_src_ = nullptr;  // the quantized copy of a matmul input is stale once anything writes
         if (replaying_) return;
-        pending_ = Pending{Pending::norm, x, out, w ? vec(w) : nullptr, eps};
-        if (!fuse_enabled_) flush_pending();
+        cuda::rms_norm(x.data, w ? vec(w) : nullptr, eps, out.data, x.rows, x.cols, stream_);
+        launched("rms_norm");
     }
 
     void matmul(const Weight& w, Tensor x, Tensor y, const Weight* bias) override {
@@ -285,24 +274,8 @@ public:
             }
         }
         const int64_t n = x.rows;
-        // A queued batch reads the quantized planes: send it before they change.
-        if (batch_.count > 0 && (batch_.x != x.data || batch_.n != n)) flush_batch();
-        // The producer of x still pending: produce and quantize in one kernel.
-        const bool fuse = cuda::int_type(d.dev.type) && pending_.kind != Pending::none && pending_.out.data == x.data &&
-                          pending_.out.rows == n && pending_.out.cols == x.cols && x.cols % 32 == 0;
-        if (!fuse) flush_producer();
         if (cuda::int_type(d.dev.type)) {
             const cuda::DevAct a{act_qs_, act_d_, act_sum_, x.cols / 32};
-            if (fuse) {
-                if (pending_.kind == Pending::norm)
-                    cuda::rms_norm_quantize(pending_.in.data, pending_.w, pending_.eps, x.data, n, x.cols, a, stream_);
-                else
-                    cuda::swiglu_quantize(x.data, pending_.in.data, n, x.cols, a, stream_);
-                pending_.kind = Pending::none;
-                act_src_ = x.data;
-                act_rows_ = n;
-                act_cols_ = x.cols;
-            }
             // q/k/v and gate/up read the same input: quantize it once.
             if (!(act_src_ == x.data && act_rows_ == n && act_cols_ == x.cols)) {
                 cuda::quantize_act(x.data, x.cols, n, x.cols, a, stream_);
@@ -310,29 +283,11 @@ public:
                 act_rows_ = n;
                 act_cols_ = x.cols;
             }
-            if (n <= cuda::kMmvqMaxTokens) {
-                // Decode: matrices reading the same input go out as one launch.
-                if (batch_.count > 0 && !(batch_.x == x.data && batch_.count < cuda::kMmvqMaxWeights &&
-                                          cuda::mmvq_batchable(*batch_.w[0], d.dev)))
-                    flush_batch();
-                if (batch_.count == 0) {
-                    batch_.x = x.data;
-                    batch_.n = int(n);
-                }
-                const int i = batch_.count++;
-                batch_.w[i] = &d.dev;
-                batch_.y[i] = y.data;
-                batch_.y_stride[i] = y.cols;
-                batch_.bias[i] = bias ? vec(*bias) : nullptr;
-                batch_.bias_cols[i] = y.cols;
-                if (!batch_enabled_) flush_batch();
-                if (y.data == act_src_) act_src_ = nullptr;
-                return;
-            }
-            flush_batch();
-            cuda::mmq(d.dev, a, n, y.data, y.cols, stream_);
+            if (n <= cuda::kMmvqMaxTokens)
+                cuda::mmvq(d.dev, a, int(n), y.data, y.cols, stream_);
+            else
+                cuda::mmq(d.dev, a, n, y.data, y.cols, stream_);
         } else {
-            flush_batch();
             cuda::matmul_float(d.dev, x.data, n, y.data, stream_);
         }
         if (bias) cuda::add_bias(y.data, vec(*bias), n, y.cols, stream_);
@@ -341,7 +296,6 @@ public:
     }
 
     void rope(Tensor x, int n_heads, int head_dim, const RopeParams& rope) override {
-        flush_pending();
         act_src_ = nullptr;  // the quantized copy of a matmul input is stale once anything writes
         if (replaying_) return;
         cuda::RopeArgs r;
@@ -358,14 +312,12 @@ public:
     }
 
     void kv_store(int layer, Tensor k, Tensor v) override {
-        flush_pending();
         if (replaying_) return;
         cuda::kv_store(kv_layer(layer), k.data, v.data, k.rows, slot_dev_, pos_dev_, stream_);
         launched("kv_store");
     }
 
     void attention(int layer, Tensor q, int n_heads, float scale, Tensor out) override {
-        flush_pending();
         act_src_ = nullptr;  // the quantized copy of a matmul input is stale once anything writes
         if (replaying_) return;
         cuda::attention(kv_layer(layer), q.data, q.rows, n_heads, scale, slot_dev_, pos_dev_, out.data, attn_ws_,
@@ -373,17 +325,14 @@ public:
         launched("attention");
     }
 
-    // Deferred like rms_norm: fused with the quantization of the down projection's input.
     void swiglu(Tensor gate, Tensor up) override {
-        flush_pending();
         act_src_ = nullptr;  // the quantized copy of a matmul input is stale once anything writes
         if (replaying_) return;
-        pending_ = Pending{Pending::swiglu, up, gate, nullptr, 0.0f};
-        if (!fuse_enabled_) flush_pending();
+        cuda::swiglu(gate.data, up.data, gate.rows * gate.cols, stream_);
+        launched("swiglu");
     }
 
     void add(Tensor x, Tensor y) override {
-        flush_pending();
         act_src_ = nullptr;  // the quantized copy of a matmul input is stale once anything writes
         if (replaying_) return;
         cuda::add(x.data, y.data, x.rows * x.cols, stream_);
@@ -391,7 +340,6 @@ public:
     }
 
     void gather_rows(Tensor x, const std::vector<int32_t>& rows, Tensor out) override {
-        flush_pending();
         act_src_ = nullptr;  // the quantized copy of a matmul input is stale once anything writes
         const int64_t n = int64_t(rows.size());
         if (n > token_capacity_) {
@@ -407,7 +355,6 @@ public:
     }
 
     void synchronize() override {
-        flush_pending();
         finish_step();
         check(cudaStreamSynchronize(stream_), "synchronize");
     }
@@ -420,53 +367,6 @@ public:
 
 private:
     explicit CudaBackend(int device) : device_(device) {}
-
-    // ---- deferred producers ----
-    // rms_norm and swiglu wait for the next operation: a matmul reading their
-    // output fuses them with its activation quantization; anything else
-    // launches them as they are.
-    struct Pending {
-        enum Kind { none, norm, swiglu } kind = none;
-        Tensor in;     // norm: x; swiglu: up
-        Tensor out;    // norm: out; swiglu: gate (in place)
-        const float* w = nullptr;
-        float eps = 0.0f;
-    };
-    // Decode matmuls waiting to go out as one mmvq launch (same input, same type).
-    struct MatmulBatch {
-        const float* x = nullptr;
-        int n = 0, count = 0;
-        const cuda::DevWeight* w[cuda::kMmvqMaxWeights] = {};
-        float* y[cuda::kMmvqMaxWeights] = {};
-        int64_t y_stride[cuda::kMmvqMaxWeights] = {};
-        const float* bias[cuda::kMmvqMaxWeights] = {};
-        int64_t bias_cols[cuda::kMmvqMaxWeights] = {};
-    };
-    void flush_batch() {
-        if (batch_.count == 0) return;
-        const cuda::DevAct a{act_qs_, act_d_, act_sum_, batch_.w[0]->cols / 32};
-        cuda::mmvq_batch(batch_.w, batch_.y, batch_.y_stride, batch_.count, a, batch_.n, stream_);
-        for (int i = 0; i < batch_.count; ++i)
-            if (batch_.bias[i]) cuda::add_bias(batch_.y[i], batch_.bias[i], batch_.n, batch_.bias_cols[i], stream_);
-        batch_.count = 0;
-        launched("matmul");
-    }
-
-    void flush_pending() {
-        flush_batch();
-        flush_producer();
-    }
-    void flush_producer() {
-        if (pending_.kind == Pending::norm) {
-            cuda::rms_norm(pending_.in.data, pending_.w, pending_.eps, pending_.out.data, pending_.out.rows,
-                           pending_.out.cols, stream_);
-            launched("rms_norm");
-        } else if (pending_.kind == Pending::swiglu) {
-            cuda::swiglu(pending_.out.data, pending_.in.data, pending_.out.rows * pending_.out.cols, stream_);
-            launched("swiglu");
-        }
-        pending_.kind = Pending::none;
-    }
 
     // ---- error bookkeeping ----
     void note(const Status& s) {
@@ -681,7 +581,6 @@ private:
     cudaStream_t stream_ = nullptr;
     bool pad_q6k_ = true;
     bool graphs_enabled_ = true;
-    bool fuse_enabled_ = true;  // TERN_CUDA_FUSE=0: launch rms_norm and swiglu on their own (A/B)
     std::deque<DeviceWeight> weights_;
     std::vector<void*> device_allocs_, host_allocs_;
     size_t device_bytes_ = 0;
@@ -690,9 +589,6 @@ private:
     float* act_d_ = nullptr;
     int32_t* act_sum_ = nullptr;
     int64_t act_blocks_ = 0;
-    Pending pending_;
-    MatmulBatch batch_;
-    bool batch_enabled_ = true;  // TERN_CUDA_BATCH=0: one mmvq launch per matrix (A/B)
     const float* act_src_ = nullptr;  // the tensor the quantized activations hold, if still valid
     int64_t act_rows_ = 0, act_cols_ = 0;
 

@@ -64,13 +64,6 @@ void quantize_act(const float* x, int64_t x_stride, int64_t n_tokens, int64_t co
 // mmvq: 1..kMmvqMaxTokens tokens, reads each weight once per call (decode).
 constexpr int kMmvqMaxTokens = 8;
 void mmvq(const DevWeight& w, const DevAct& a, int n_tokens, float* y, int64_t y_stride, cudaStream_t stream);
-// mmvq_batch: up to kMmvqMaxWeights matrices that read the same activations
-// (q/k/v, gate/up) in one launch, each output its own; every output has the
-// bits mmvq gives it alone. The matrices must be mmvq_batchable with the first.
-constexpr int kMmvqMaxWeights = 3;
-bool mmvq_batchable(const DevWeight& a, const DevWeight& b);
-void mmvq_batch(const DevWeight* const* w, float* const* y, const int64_t* y_stride, int count, const DevAct& a,
-                int n_tokens, cudaStream_t stream);
 // mmq: any number of tokens, int8 tensor cores (prefill).
 void mmq(const DevWeight& w, const DevAct& a, int64_t n_tokens, float* y, int64_t y_stride, cudaStream_t stream);
 

@@ -49,6 +49,7 @@ __device__ __forceinline__ void mma_k16(int (&c)[4], int a0, int a1, int b0) {
 template <WType T, bool WIDE, int kTileRows, int kThreads = kTileRows * 2>
 __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(DevWeight w, DevAct a, int64_t n_tokens,
                                                          float* __restrict__ y, int64_t y_stride) {
+    constexpr TermKind K = BlockInfo<T>::kind;
     constexpr bool two_scales = T == WType::Q6_K;
     extern __shared__ __align__(16) unsigned char smem[];
     Stage<kTileRows>& s = *reinterpret_cast<Stage<kTileRows>*>(smem);
@@ -151,10 +152,10 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(DevWeight w, DevAct a,
                         h1[0] = h1[1] = h1[2] = h1[3] = 0;
                     }
                     const float t_[4] = {
-                        block_term<T>(rv[mi][0], h0[0], h1[0], da0, as0),
-                        block_term<T>(rv[mi][0], h0[1], h1[1], da1, as1),
-                        block_term<T>(rv[mi][1], h0[2], h1[2], da0, as0),
-                        block_term<T>(rv[mi][1], h0[3], h1[3], da1, as1),
+                        block_term<K>(rv[mi][0], h0[0], h1[0], da0, as0),
+                        block_term<K>(rv[mi][0], h0[1], h1[1], da1, as1),
+                        block_term<K>(rv[mi][1], h0[2], h1[2], da0, as0),
+                        block_term<K>(rv[mi][1], h0[3], h1[3], da1, as1),
                     };
 #pragma unroll
                     for (int e = 0; e < 4; ++e) c[mi][ni][e] = j == 0 ? t_[e] : __fadd_rn(c[mi][ni][e], t_[e]);

@@ -7,8 +7,6 @@
 
 #include "backend/cuda/ops.h"
 
-#include "backend/cuda/act_quant.cuh"
-
 namespace tern::cuda {
 namespace {
 
@@ -26,10 +24,7 @@ __device__ int64_t grid_stride() { return int64_t(gridDim.x) * blockDim.x; }
 
 // --- rms_norm: one CTA per row -------------------------------------------------
 
-// QUANT: also quantize the output for a matmul (thread i writes element i of
-// each 256-element stretch, so warp w holds 32-element block w of it).
-template <bool QUANT>
-__global__ void rms_norm_kernel(const float* x, const float* w, float eps, float* out, int64_t cols, DevAct act) {
+__global__ void rms_norm_kernel(const float* x, const float* w, float eps, float* out, int64_t cols) {
     __shared__ double partial[kThreads / 32];
     const int64_t row = blockIdx.x;
     const float* xr = x + row * cols;
@@ -56,10 +51,8 @@ __global__ void rms_norm_kernel(const float* x, const float* w, float eps, float
     // Every element is read before the barrier above and rewritten by the same
     // thread below, so out may alias x.
     for (int64_t i = threadIdx.x; i < cols; i += kThreads) {
-        float v = __fmul_rn(xr[i], inv);
-        if (w) v = __fmul_rn(v, w[i]);
-        o[i] = v;
-        if (QUANT) quantize_block_warp(v, threadIdx.x & 31, act, row * (cols / 32) + i / 32);
+        const float v = __fmul_rn(xr[i], inv);
+        o[i] = w ? __fmul_rn(v, w[i]) : v;
     }
 }
 
@@ -112,17 +105,6 @@ __global__ void swiglu_kernel(float* gate, const float* up, int64_t n) {
     }
 }
 
-// One warp per 32-element block: gate = silu(gate) * up, then the block quantized.
-__global__ void swiglu_quantize_kernel(float* gate, const float* up, int64_t n_blocks, DevAct act) {
-    const int64_t gb = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
-    if (gb >= n_blocks) return;  // uniform per warp
-    const int64_t i = gb * 32 + (threadIdx.x & 31);
-    const float g = gate[i];
-    const float v = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), up[i]);
-    gate[i] = v;
-    quantize_block_warp(v, threadIdx.x & 31, act, gb);
-}
-
 __global__ void add_kernel(float* x, const float* y, int64_t n) {
     for (int64_t i = first_index(); i < n; i += grid_stride()) x[i] = __fadd_rn(x[i], y[i]);
 }
@@ -160,21 +142,7 @@ __global__ void kv_store_kernel(KvLayer kv, const float* k, const float* v, int6
 void rms_norm(const float* x, const float* w, float eps, float* out, int64_t rows, int64_t cols,
               cudaStream_t stream) {
     if (rows <= 0 || cols <= 0) return;
-    rms_norm_kernel<false><<<unsigned(rows), kThreads, 0, stream>>>(x, w, eps, out, cols, DevAct{});
-}
-
-void rms_norm_quantize(const float* x, const float* w, float eps, float* out, int64_t rows, int64_t cols,
-                       const DevAct& act, cudaStream_t stream) {
-    if (rows <= 0 || cols <= 0 || cols % 32 != 0) return;
-    rms_norm_kernel<true><<<unsigned(rows), kThreads, 0, stream>>>(x, w, eps, out, cols, act);
-}
-
-void swiglu_quantize(float* gate, const float* up, int64_t rows, int64_t cols, const DevAct& act,
-                     cudaStream_t stream) {
-    if (rows <= 0 || cols <= 0 || cols % 32 != 0) return;
-    const int64_t blocks = rows * (cols / 32);
-    swiglu_quantize_kernel<<<unsigned((blocks * 32 + kThreads - 1) / kThreads), kThreads, 0, stream>>>(gate, up, blocks,
-                                                                                                      act);
+    rms_norm_kernel<<<unsigned(rows), kThreads, 0, stream>>>(x, w, eps, out, cols);
 }
 
 void rope(float* x, int64_t rows, const int32_t* pos, const RopeArgs& args, cudaStream_t stream) {

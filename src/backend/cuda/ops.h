@@ -9,20 +9,12 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "backend/cuda/kernels.h"
-
 namespace tern::cuda {
 
 // out[r] = x[r] / rms(x[r]) * w  (w may be null: no scale); sums in double as the CPU does.
 // out may equal x.
 void rms_norm(const float* x, const float* w, float eps, float* out, int64_t rows, int64_t cols,
               cudaStream_t stream);
-
-// rms_norm, with the output also quantized into act as quantize_act would
-// (same bytes) in the same pass: the producer of a matmul input. cols is a
-// multiple of 32.
-void rms_norm_quantize(const float* x, const float* w, float eps, float* out, int64_t rows, int64_t cols,
-                       const DevAct& act, cudaStream_t stream);
 
 // Rotates the first n_dims dims of each head of x (rows x n_heads*head_dim) by the
 // position of each row: pos is a device array of `rows` positions. Angles in double,
@@ -41,10 +33,6 @@ void rope(float* x, int64_t rows, const int32_t* pos, const RopeArgs& args, cuda
 
 // gate[i] = silu(gate[i]) * up[i]
 void swiglu(float* gate, const float* up, int64_t n, cudaStream_t stream);
-// swiglu over rows x cols (contiguous), with gate also quantized into act as
-// quantize_act would. cols is a multiple of 32.
-void swiglu_quantize(float* gate, const float* up, int64_t rows, int64_t cols, const DevAct& act,
-                     cudaStream_t stream);
 // x[i] += y[i]
 void add(float* x, const float* y, int64_t n, cudaStream_t stream);
 // y[r][c] += bias[c]
