@@ -252,6 +252,34 @@ __device__ __forceinline__ float block_term(const BlockVals& w, int H0, int H1, 
     return __fsub_rn(p, __fmul_rn(__fmul_rn(w.m, da), __int2float_rn(w.mn * asum)));
 }
 
+// Calls f(TypeTag<T, WIDE>{}) for a weight's type and layout (WIDE: q6_K in
+// the padded, 16-byte aligned layout): the one place that maps run-time types
+// to kernel instantiations. Types without integer kernels call nothing.
+template <WType T, bool W>
+struct TypeTag {
+    static constexpr WType type = T;
+    static constexpr bool wide = W;
+};
+template <class F>
+void dispatch_int_type(WType t, int block_stride, F&& f) {
+    switch (t) {
+        case WType::Q4_0: f(TypeTag<WType::Q4_0, false>{}); break;
+        case WType::Q4_1: f(TypeTag<WType::Q4_1, false>{}); break;
+        case WType::Q5_0: f(TypeTag<WType::Q5_0, false>{}); break;
+        case WType::Q5_1: f(TypeTag<WType::Q5_1, false>{}); break;
+        case WType::Q8_0: f(TypeTag<WType::Q8_0, false>{}); break;
+        case WType::Q4_K: f(TypeTag<WType::Q4_K, false>{}); break;
+        case WType::Q5_K: f(TypeTag<WType::Q5_K, false>{}); break;
+        case WType::Q6_K:
+            if (block_stride % 16 == 0)
+                f(TypeTag<WType::Q6_K, true>{});
+            else
+                f(TypeTag<WType::Q6_K, false>{});
+            break;
+        default: break;
+    }
+}
+
 // The chunk a 32-element block index falls in, as the kernels address it.
 template <WType T>
 __device__ __forceinline__ const uint8_t* chunk_ptr(const uint8_t* row, int64_t chunk, int block_stride) {

@@ -101,22 +101,10 @@ void launch(const DevWeight& w, const DevAct& a, int n, float* y, int64_t ys, cu
 
 void mmvq(const DevWeight& w, const DevAct& a, int n, float* y, int64_t ys, cudaStream_t s) {
     if (n < 1 || n > kMmvqMaxTokens || w.rows < 1) return;
-    switch (w.type) {
-        case WType::Q4_0: launch<WType::Q4_0, false>(w, a, n, y, ys, s); break;
-        case WType::Q4_1: launch<WType::Q4_1, false>(w, a, n, y, ys, s); break;
-        case WType::Q5_0: launch<WType::Q5_0, false>(w, a, n, y, ys, s); break;
-        case WType::Q5_1: launch<WType::Q5_1, false>(w, a, n, y, ys, s); break;
-        case WType::Q8_0: launch<WType::Q8_0, false>(w, a, n, y, ys, s); break;
-        case WType::Q4_K: launch<WType::Q4_K, false>(w, a, n, y, ys, s); break;
-        case WType::Q5_K: launch<WType::Q5_K, false>(w, a, n, y, ys, s); break;
-        case WType::Q6_K:
-            if (w.block_stride % 16 == 0)
-                launch<WType::Q6_K, true>(w, a, n, y, ys, s);
-            else
-                launch<WType::Q6_K, false>(w, a, n, y, ys, s);
-            break;
-        default: break;
-    }
+    dispatch_int_type(w.type, w.block_stride, [&](auto tag) {
+        using Tag = decltype(tag);
+        launch<Tag::type, Tag::wide>(w, a, n, y, ys, s);
+    });
 }
 
 }  // namespace tern::cuda
