@@ -47,6 +47,7 @@
 #include "model/synth.h"
 #include "runtime/engine.h"
 #include "text/utf8.h"
+#include "tests/support/test_shapes.h"
 
 namespace tern {
 namespace {
@@ -82,22 +83,7 @@ std::string case_name(const Case& c) {
 }
 void PrintTo(const Case& c, std::ostream* os) { *os << case_name(c); }
 
-model::SynthShape shape_named(const std::string& name) {
-    model::SynthShape s = *model::synth_preset("tiny");
-    if (name == "tiny") return s;
-    // qwen2: q/k/v biases, neox RoPE, tied output, full multi-head attention.
-    s.preset = "custom";
-    s.arch = "qwen2";
-    s.n_embd = 256;
-    s.n_head = 2;
-    s.n_head_kv = 2;
-    s.n_ff = 768;
-    s.n_layer = 3;
-    s.tied_output = true;
-    s.tokenizer = model::SynthTokenizer::Gpt2Bpe;
-    s.bpe_pre = "qwen2";
-    return s;
-}
+using test::shape_named;
 
 // Writes the model to a temporary file, removed when this goes out of scope.
 struct SynthFile {

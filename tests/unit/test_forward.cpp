@@ -14,6 +14,7 @@
 #include "model/model.h"
 #include "model/synth.h"
 #include "tests/support/reference_forward.h"
+#include "tests/support/test_shapes.h"
 
 namespace {
 
@@ -33,22 +34,7 @@ void PrintTo(const Case& c, std::ostream* os) { *os << c.shape << "/ftype" << in
 constexpr double kFloatTol = 2e-3;
 constexpr double kQuantTol = 3e-2;
 
-model::SynthShape shape_named(const std::string& name) {
-    if (name == "tiny") return *model::synth_preset("tiny");
-    // qwen2: q/k/v biases, neox RoPE, tied output, full multi-head attention.
-    model::SynthShape s = *model::synth_preset("tiny");
-    s.preset = "custom";
-    s.arch = "qwen2";
-    s.n_embd = 256;
-    s.n_head = 2;
-    s.n_head_kv = 2;
-    s.n_ff = 768;
-    s.n_layer = 3;
-    s.tied_output = true;
-    s.tokenizer = model::SynthTokenizer::Gpt2Bpe;
-    s.bpe_pre = "qwen2";
-    return s;
-}
+using test::shape_named;
 
 std::string write_model(const Case& c, uint64_t seed) {
     model::SynthOptions o;
