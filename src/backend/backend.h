@@ -35,7 +35,8 @@ struct Weight {
     int64_t cols = 0;         // ne[0], the input dimension (1-D tensors: the length)
     int64_t rows = 1;         // ne[1] (product of ne[1..3])
     const void* host = nullptr;  // GGUF bytes in the mapping
-    size_t row_bytes = 0;
+    size_t row_bytes = 0;     // bytes from one row to the next: at least the bytes of `cols`
+                              // elements, more for a view of some of each row's columns
     void* impl = nullptr;     // backend-owned (device copy, repacked layout, ...)
     explicit operator bool() const { return host != nullptr; }
 };

@@ -35,7 +35,7 @@ Result<std::unique_ptr<Forward>> Forward::create(const Model& model, backend::Ba
         {&f->v_, int64_t(h.n_head_kv) * h.head_dim},
         {&f->att_, int64_t(h.n_head) * h.head_dim},
         {&f->gate_, h.n_ff},  {&f->up_, h.n_ff},
-        {&f->sel_, h.n_embd}, {&f->logits_, h.n_vocab},
+        {&f->sel_, h.n_embd}, {&f->logits_, model.output.rows},
     };
     for (const Want& w : wants) {
         auto t = be.alloc(n, w.cols);
@@ -91,6 +91,8 @@ Status Forward::run(const Batch& batch, std::vector<float>& logits) {
         be_.kv_store(il, k, v);
         be_.attention(il, q, h.n_head, scale, att);
         be_.matmul(L.wo, att, hbuf);
+        if (reduce_)
+            if (Status s = reduce_(ReducePoint::AttentionOutput, il, hbuf); !s.ok()) return s;
         be_.add(x, hbuf);
         // feed-forward block: x += W_down · (silu(W_gate·n(x)) * W_up·n(x))
         be_.rms_norm(x, L.ffn_norm, h.norm_eps, hbuf);
@@ -98,11 +100,13 @@ Status Forward::run(const Batch& batch, std::vector<float>& logits) {
         be_.matmul(L.w_up, hbuf, up);
         be_.swiglu(gate, up);
         be_.matmul(L.w_down, gate, hbuf);
+        if (reduce_)
+            if (Status s = reduce_(ReducePoint::FfnOutput, il, hbuf); !s.ok()) return s;
         be_.add(x, hbuf);
     }
     // logits for the selected tokens: W_out · n(x)
     const int64_t m = int64_t(batch.logits_for.size());
-    logits.assign(size_t(m) * size_t(h.n_vocab), 0.0f);
+    logits.assign(size_t(m) * size_t(m_.output.rows), 0.0f);
     if (m == 0) {
         be_.synchronize();
         return be_.take_error();

@@ -3,9 +3,15 @@
 // grouped-query attention -> output projection -> residual, RMSNorm -> SwiGLU
 // FFN -> residual; final RMSNorm and the output head for the tokens that ask
 // for logits.
+//
+// The same pass runs one shard of a tensor-parallel model (model/tensor_parallel.h):
+// the Model it is given then holds its share of heads, FFN columns and vocabulary
+// rows, and a reduce hook sums the partial outputs of the row-parallel matmuls
+// (wo, w_down) across shards before each residual add.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -31,6 +37,17 @@ struct Batch {
     size_t size() const { return tokens.size(); }
 };
 
+// Where a row-parallel matmul's partial output waits for the other shards.
+enum class ReducePoint {
+    AttentionOutput,  // Wo · attn, before x += it
+    FfnOutput,        // W_down · swiglu, before x += it
+};
+
+// Given the shard's partial output (tokens x n_embd, in the backend's memory),
+// must leave in it the sum of every shard's partial, the same on each shard.
+// A failed status ends the forward call with that status.
+using ReduceHook = std::function<Status(ReducePoint point, int layer, backend::Tensor partial)>;
+
 class Forward {
 public:
     // Allocates the workspace for batches of up to max_tokens tokens and the
@@ -41,8 +58,12 @@ public:
     // KV-cache shape for n_slots sequences of n_ctx positions each.
     static backend::KvCacheShape kv_shape(const Model& model, int n_slots, int n_ctx);
 
-    // Runs the batch; on success `logits` holds logits_for.size() rows of n_vocab.
+    // Runs the batch; on success `logits` holds logits_for.size() rows of the
+    // output head's rows (n_vocab; a tensor-parallel shard: its vocabulary rows).
     Status run(const Batch& batch, std::vector<float>& logits);
+
+    // Makes this pass one shard of a tensor-parallel model (empty: a whole model).
+    void set_reduce_hook(ReduceHook hook) { reduce_ = std::move(hook); }
 
     int max_tokens() const { return max_tokens_; }
     int n_slots() const { return kv_.n_slots; }
@@ -54,6 +75,7 @@ private:
     backend::Backend& be_;
     int max_tokens_;
     backend::KvCacheShape kv_;
+    ReduceHook reduce_;
     backend::Tensor x_, h_, q_, k_, v_, att_, gate_, up_, sel_, logits_;
 };
 

@@ -1,0 +1,365 @@
+// Tensor-parallel plan, weight views and the CPU-simulated tensor-parallel
+// forward (see tensor_parallel.h).
+#include "model/tensor_parallel.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <numeric>
+#include <string>
+#include <thread>
+
+namespace tern::model {
+
+namespace {
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+struct BlockGeometry {
+    int64_t elems = 0, bytes = 0;
+};
+
+BlockGeometry block_of(TensorType t) {
+    const auto info = tensor_type_info(uint32_t(t));
+    if (!info || info->block_elems == 0) return {};
+    return {int64_t(info->block_elems), int64_t(info->block_bytes)};
+}
+
+std::string type_name(TensorType t) { return tensor_type_name(uint32_t(t)); }
+
+}  // namespace
+
+Result<backend::Weight> weight_rows(const backend::Weight& w, int64_t r0, int64_t r1) {
+    if (!w.host) return Error{"tensor parallel: weight '" + w.name + "' has no host data to view"};
+    if (r0 < 0 || r1 <= r0 || r1 > w.rows)
+        return Error{"tensor parallel: rows [" + str(r0) + ", " + str(r1) + ") of '" + w.name + "' (" +
+                     str(w.rows) + " rows)"};
+    const BlockGeometry b = block_of(w.type);
+    if (b.elems == 0 || w.cols % b.elems != 0)
+        return Error{"tensor parallel: weight '" + w.name + "' (" + type_name(w.type) + ") has ragged rows"};
+    const size_t stride = w.row_bytes ? w.row_bytes : size_t(w.cols / b.elems * b.bytes);
+    backend::Weight v = w;
+    v.name = w.name + "[" + str(r0) + ":" + str(r1) + ", :]";
+    v.rows = r1 - r0;
+    v.host = static_cast<const uint8_t*>(w.host) + size_t(r0) * stride;
+    v.row_bytes = stride;
+    v.impl = nullptr;
+    return v;
+}
+
+Result<backend::Weight> weight_cols(const backend::Weight& w, int64_t c0, int64_t c1) {
+    if (!w.host) return Error{"tensor parallel: weight '" + w.name + "' has no host data to view"};
+    if (c0 < 0 || c1 <= c0 || c1 > w.cols)
+        return Error{"tensor parallel: columns [" + str(c0) + ", " + str(c1) + ") of '" + w.name + "' (" +
+                     str(w.cols) + " columns)"};
+    const BlockGeometry b = block_of(w.type);
+    if (b.elems == 0 || w.cols % b.elems != 0 || c0 % b.elems != 0 || c1 % b.elems != 0)
+        return Error{"tensor parallel: columns [" + str(c0) + ", " + str(c1) + ") of '" + w.name + "' (" +
+                     type_name(w.type) + ", " + str(b.elems) + "-element blocks) are not block aligned"};
+    backend::Weight v = w;
+    v.name = w.name + "[:, " + str(c0) + ":" + str(c1) + "]";
+    v.cols = c1 - c0;
+    v.host = static_cast<const uint8_t*>(w.host) + size_t(c0 / b.elems * b.bytes);
+    v.row_bytes = w.row_bytes ? w.row_bytes : size_t(w.cols / b.elems * b.bytes);  // stride: the full row
+    v.impl = nullptr;
+    return v;
+}
+
+Result<TpPlan> plan_tensor_parallel(const Hparams& hp, const Model& model, int n_ranks) {
+    if (n_ranks < 1) return Error{"tensor parallel: " + str(n_ranks) + " ranks"};
+    if (hp.n_head_kv < 1 || hp.n_head % hp.n_head_kv != 0)
+        return Error{"tensor parallel: " + str(hp.n_head) + " query heads do not group over " + str(hp.n_head_kv) +
+                     " KV heads"};
+    if (hp.n_head_kv % n_ranks != 0)
+        return Error{"tensor parallel: n_head_kv = " + str(hp.n_head_kv) + " KV heads cannot be divided evenly over " +
+                     str(n_ranks) + " ranks"};
+    if (model.layers.size() != size_t(hp.n_layer) || !model.output)
+        return Error{"tensor parallel: the model's weights do not match its hyperparameters"};
+
+    TpPlan plan;
+    plan.n_ranks = n_ranks;
+    plan.group = hp.n_head / hp.n_head_kv;
+    const int kv_per_rank = hp.n_head_kv / n_ranks;
+
+    // Wo is split along its input (query-head) columns: each rank's share must be whole blocks.
+    const int64_t q_cols = int64_t(kv_per_rank) * plan.group * hp.head_dim;
+    for (size_t il = 0; il < model.layers.size(); ++il) {
+        const backend::Weight& wo = model.layers[il].wo;
+        const int64_t be = block_of(wo.type).elems;
+        if (be == 0 || q_cols % be != 0)
+            return Error{"tensor parallel: '" + wo.name + "' is " + type_name(wo.type) + " (" + str(be) +
+                         "-element blocks), but each of the " + str(n_ranks) + " ranks would take " +
+                         str(kv_per_rank * plan.group) + " query heads = " + str(q_cols) +
+                         " input columns, not a whole number of blocks"};
+    }
+
+    // W_down is split along its input (FFN) columns: split points at multiples of every layer's block size.
+    std::string widest;  // the tensor that sets the alignment, for the message
+    for (const Layer& L : model.layers) {
+        const int64_t be = block_of(L.w_down.type).elems;
+        if (be == 0) return Error{"tensor parallel: '" + L.w_down.name + "' has an unknown block size"};
+        if (std::lcm(plan.ff_align, be) != plan.ff_align) widest = L.w_down.name + ", " + type_name(L.w_down.type);
+        plan.ff_align = std::lcm(plan.ff_align, be);
+    }
+    if (hp.n_ff % plan.ff_align != 0)
+        return Error{"tensor parallel: n_ff = " + str(hp.n_ff) + " is not a multiple of " + str(plan.ff_align)};
+    const int64_t ff_units = hp.n_ff / plan.ff_align;
+    if (ff_units < n_ranks)
+        return Error{"tensor parallel: the FFN width n_ff = " + str(hp.n_ff) + " splits only at multiples of " +
+                     str(plan.ff_align) + (widest.empty() ? "" : " (blocks of " + widest + ")") + ": " +
+                     str(ff_units) + " parts, fewer than the " + str(n_ranks) + " ranks"};
+
+    // The output head is split by rows (vocabulary entries): any row boundary will do.
+    const int64_t n_vocab_rows = model.output.rows;
+    if (n_vocab_rows < n_ranks)
+        return Error{"tensor parallel: " + str(n_vocab_rows) + " vocabulary rows for " + str(n_ranks) + " ranks"};
+
+    for (int r = 0; r < n_ranks; ++r) {
+        TpRank rank;
+        rank.kv_head_begin = r * kv_per_rank;
+        rank.kv_head_end = (r + 1) * kv_per_rank;
+        rank.ff_begin = plan.ff_align * (ff_units * r / n_ranks);
+        rank.ff_end = plan.ff_align * (ff_units * (r + 1) / n_ranks);
+        rank.vocab_begin = n_vocab_rows * r / n_ranks;
+        rank.vocab_end = n_vocab_rows * (r + 1) / n_ranks;
+        plan.ranks.push_back(rank);
+    }
+    return plan;
+}
+
+Result<Model> shard_model(const Model& model, const TpPlan& plan, int rank) {
+    if (rank < 0 || rank >= plan.n_ranks || plan.ranks.size() != size_t(plan.n_ranks))
+        return Error{"tensor parallel: rank " + str(rank) + " of a plan for " + str(plan.n_ranks)};
+    const TpRank& r = plan.ranks[size_t(rank)];
+    const int64_t hd = model.hp.head_dim;
+    const int64_t q0 = int64_t(r.kv_head_begin) * plan.group * hd, q1 = int64_t(r.kv_head_end) * plan.group * hd;
+    const int64_t k0 = int64_t(r.kv_head_begin) * hd, k1 = int64_t(r.kv_head_end) * hd;
+
+    Model s = model;
+    s.hp.n_head_kv = r.kv_head_end - r.kv_head_begin;
+    s.hp.n_head = s.hp.n_head_kv * plan.group;
+    s.hp.n_ff = int(r.ff_end - r.ff_begin);
+
+    Status failed;
+    auto take = [&](backend::Weight& dst, Result<backend::Weight> v) {
+        if (!v.ok() && failed.ok()) failed = Error{v.error().message};
+        if (v.ok()) dst = std::move(*v);
+    };
+    // A bias is a 1-D tensor read as f32 in place; other types live in a backend copy a view cannot follow.
+    auto bias = [&](backend::Weight& b, int64_t c0, int64_t c1) {
+        if (!b) return;
+        if (b.type != TensorType::F32) {
+            if (failed.ok())
+                failed = Error{"tensor parallel: bias '" + b.name + "' is " + type_name(b.type) +
+                               "; only f32 biases can be sharded in place"};
+            return;
+        }
+        take(b, weight_cols(b, c0, c1));
+    };
+    for (Layer& L : s.layers) {
+        take(L.wq, weight_rows(L.wq, q0, q1));  // column-parallel: the rank's heads are output rows
+        take(L.wk, weight_rows(L.wk, k0, k1));
+        take(L.wv, weight_rows(L.wv, k0, k1));
+        bias(L.bq, q0, q1);
+        bias(L.bk, k0, k1);
+        bias(L.bv, k0, k1);
+        take(L.wo, weight_cols(L.wo, q0, q1));  // row-parallel: the rank's heads are input columns
+        take(L.w_gate, weight_rows(L.w_gate, r.ff_begin, r.ff_end));
+        take(L.w_up, weight_rows(L.w_up, r.ff_begin, r.ff_end));
+        take(L.w_down, weight_cols(L.w_down, r.ff_begin, r.ff_end));
+    }
+    take(s.output, weight_rows(model.output, r.vocab_begin, r.vocab_end));
+    if (!failed.ok()) return Error{failed.message()};
+    return s;
+}
+
+// ---- the CPU-simulated tensor-parallel forward ----
+
+// A reusable barrier that a failing rank can abandon, so the others stop
+// waiting for a partial that will never come.
+struct VirtualTpForward::Rendezvous {
+    explicit Rendezvous(int n) : n_ranks(n), partials(size_t(n)) {}
+
+    // Blocks until every rank has arrived; false once the round is abandoned.
+    bool arrive_and_wait() {
+        std::unique_lock<std::mutex> lk(mu);
+        if (abandoned) return false;
+        const uint64_t gen = generation;
+        if (++arrived == n_ranks) {
+            arrived = 0;
+            ++generation;
+            cv.notify_all();
+            return true;
+        }
+        cv.wait(lk, [&] { return generation != gen || abandoned; });
+        return generation != gen;
+    }
+    void abandon(int rank) {
+        std::lock_guard<std::mutex> lk(mu);
+        if (!abandoned) first_failed = rank;
+        abandoned = true;
+        cv.notify_all();
+    }
+    void reset() {
+        std::lock_guard<std::mutex> lk(mu);
+        arrived = 0;
+        abandoned = false;
+        first_failed = -1;
+    }
+
+    const int n_ranks;
+    std::mutex mu;
+    std::condition_variable cv;
+    int arrived = 0;
+    uint64_t generation = 0;
+    bool abandoned = false;
+    int first_failed = -1;
+    std::vector<std::vector<float>> partials;  // one per rank, written only by its rank
+};
+
+// One simulated device: its shard, backend and Forward, and the thread that
+// issues all of its work (as a multi-GPU build keeps one host thread per GPU;
+// here it also keeps each backend's OpenMP team size to its own thread).
+struct VirtualTpForward::Rank {
+    Model model;
+    std::unique_ptr<backend::Backend> be;
+    std::unique_ptr<Forward> fwd;
+    std::vector<float> logits, sum;
+    Status status;
+
+    std::thread thread;
+    std::mutex mu;
+    std::condition_variable cv;
+    std::function<void()> job;
+    bool pending = false, quit = false;
+
+    void start() {
+        thread = std::thread([this] {
+            std::unique_lock<std::mutex> lk(mu);
+            for (;;) {
+                cv.wait(lk, [&] { return pending || quit; });
+                if (!pending) return;
+                std::function<void()> j = std::move(job);
+                lk.unlock();
+                j();
+                lk.lock();
+                pending = false;
+                cv.notify_all();
+            }
+        });
+    }
+    void post(std::function<void()> f) {
+        {
+            std::lock_guard<std::mutex> lk(mu);
+            job = std::move(f);
+            pending = true;
+        }
+        cv.notify_all();
+    }
+    void wait() {
+        std::unique_lock<std::mutex> lk(mu);
+        cv.wait(lk, [&] { return !pending; });
+    }
+    void stop() {
+        if (!thread.joinable()) return;
+        {
+            std::lock_guard<std::mutex> lk(mu);
+            quit = true;
+        }
+        cv.notify_all();
+        thread.join();
+    }
+};
+
+VirtualTpForward::~VirtualTpForward() {
+    for (auto& r : ranks_) r->stop();
+}
+
+Result<std::unique_ptr<VirtualTpForward>> VirtualTpForward::create(const Model& model, int n_ranks, int max_tokens,
+                                                                   int n_slots, int n_ctx, int threads_per_rank) {
+    auto plan = plan_tensor_parallel(model.hp, model, n_ranks);
+    if (!plan.ok()) return plan.error();
+    std::unique_ptr<VirtualTpForward> tp(new VirtualTpForward());
+    tp->plan_ = std::move(*plan);
+    tp->n_vocab_ = model.output.rows;
+    tp->meet_ = std::make_unique<Rendezvous>(n_ranks);
+    for (int r = 0; r < n_ranks; ++r) {
+        auto shard = shard_model(model, tp->plan_, r);
+        if (!shard.ok()) return shard.error();
+        auto rank = std::make_unique<Rank>();
+        rank->model = std::move(*shard);
+        rank->start();
+        Rank* rp = rank.get();
+        VirtualTpForward* self = tp.get();
+        tp->ranks_.push_back(std::move(rank));
+        // The backend is made on the rank's thread, which its OpenMP settings belong to.
+        rp->post([=] {
+            rp->be = backend::make_cpu_backend(threads_per_rank);
+            auto f = Forward::create(rp->model, *rp->be, max_tokens, n_slots, n_ctx);
+            if (!f.ok()) {
+                rp->status = Error{"tensor parallel rank " + str(r) + ": " + f.error().message};
+                return;
+            }
+            rp->fwd = std::move(*f);
+            rp->fwd->set_reduce_hook(
+                [self, r](ReducePoint, int, backend::Tensor partial) { return self->reduce(r, partial); });
+        });
+        rp->wait();
+        if (!rp->status.ok()) return Error{rp->status.message()};
+    }
+    return tp;
+}
+
+// The all-reduce: deposit, wait for all, sum in rank order, wait until every
+// rank has read every partial (so none is overwritten early), write back.
+Status VirtualTpForward::reduce(int rank, backend::Tensor partial) {
+    Rank& me = *ranks_[size_t(rank)];
+    const size_t n = size_t(partial.rows * partial.cols);
+    std::vector<float>& mine = meet_->partials[size_t(rank)];
+    mine.resize(n);
+    me.be->synchronize();
+    me.be->download(partial, mine.data());
+    const Error abandoned{"tensor parallel rank " + str(rank) + ": stopped because another rank failed"};
+    if (!meet_->arrive_and_wait()) return abandoned;
+    for (const std::vector<float>& p : meet_->partials)
+        if (p.size() != n) {
+            meet_->abandon(rank);
+            return Error{"tensor parallel: ranks reduced tensors of different sizes"};
+        }
+    me.sum.assign(meet_->partials[0].begin(), meet_->partials[0].end());
+    for (size_t k = 1; k < meet_->partials.size(); ++k)
+        for (size_t i = 0; i < n; ++i) me.sum[i] += meet_->partials[k][i];
+    if (!meet_->arrive_and_wait()) return abandoned;
+    me.be->upload(me.sum.data(), partial);
+    return {};
+}
+
+Status VirtualTpForward::run(const Batch& batch, std::vector<float>& logits) {
+    meet_->reset();
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+        Rank* rp = ranks_[r].get();
+        rp->post([this, rp, r, &batch] {
+            rp->status = rp->fwd->run(batch, rp->logits);
+            if (!rp->status.ok()) meet_->abandon(int(r));
+        });
+    }
+    for (auto& r : ranks_) r->wait();
+    if (meet_->first_failed >= 0) return ranks_[size_t(meet_->first_failed)]->status;
+
+    // Gather: each rank's logits are its vocabulary columns of every wanted row.
+    const size_t m = batch.logits_for.size();
+    logits.assign(m * size_t(n_vocab_), 0.0f);
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+        const TpRank& pr = plan_.ranks[r];
+        const size_t width = size_t(pr.vocab_end - pr.vocab_begin);
+        const std::vector<float>& part = ranks_[r]->logits;
+        for (size_t t = 0; t < m; ++t)
+            std::copy(part.begin() + int64_t(t * width), part.begin() + int64_t((t + 1) * width),
+                      logits.begin() + int64_t(t * size_t(n_vocab_) + size_t(pr.vocab_begin)));
+    }
+    return {};
+}
+
+}  // namespace tern::model
