@@ -119,6 +119,11 @@ public:
     virtual size_t device_bytes() const { return 0; }
 };
 
+// The matrix view of a GGUF tensor (name, type, shape, host bytes, row stride),
+// or an error naming a type no backend reads or a row that is not whole blocks.
+// Backends start their register_weight from it and add their own handle.
+Result<Weight> describe_weight(const gguf::TensorInfo& t);
+
 // The CPU backend; threads <= 0 means all cores.
 std::unique_ptr<Backend> make_cpu_backend(int threads = 0);
 

@@ -26,18 +26,9 @@ public:
     std::string name() const override { return "cpu"; }
 
     Result<Weight> register_weight(const gguf::TensorInfo& t) override {
-        if (!tensor_type_supported(t.type_id))
-            return Error{"tensor '" + t.name + "': unsupported tensor type " + tensor_type_name(t.type_id)};
-        Weight w;
-        w.name = t.name;
-        w.type = t.type();
-        w.cols = t.ne[0];
-        w.rows = t.n_elements / t.ne[0];
-        w.host = t.data;
-        w.row_bytes = quant::row_bytes(w.type, w.cols);
-        if (w.row_bytes == 0)
-            return Error{"tensor '" + t.name + "': row length " + std::to_string(w.cols) +
-                         " is not a whole number of " + tensor_type_name(t.type_id) + " blocks"};
+        auto described = describe_weight(t);
+        if (!described.ok()) return described.error();
+        Weight w = std::move(*described);
         if (w.type != TensorType::F32 && w.rows == 1) {
             // 1-D parameters (norm scales, biases) are used as f32 by every op.
             auto& f = small_f32_.emplace_back(size_t(w.cols));
