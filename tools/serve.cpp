@@ -62,11 +62,7 @@ void run_serve(const ServeOptions& o, const CLI::App& cmd) {
     server::Server srv(http);
     if (Status s = srv.bind(); !s.ok()) fail(kCmd, s.message());
     std::fprintf(stderr, "tern serve: listening on http://%s:%d\n", http.host.c_str(), srv.port());
-    std::atomic<bool> listener_ended{false};
-    std::thread http_thread([&srv, &listener_ended] {
-        srv.run();
-        listener_ended.store(true);
-    });
+    std::thread http_thread([&srv] { srv.run(); });
 
     std::mutex stop_mu;
     bool stop_requested = false;
@@ -98,12 +94,7 @@ void run_serve(const ServeOptions& o, const CLI::App& cmd) {
     eo.max_batch = o.model.batch;
     auto opened = runtime::Engine::open(path, eo);
     if (!opened.ok()) {
-        // A stop that comes before the listener's accept loop has begun is
-        // lost (the loop would then run on), so it is repeated until the loop ends.
-        while (!listener_ended.load()) {
-            srv.stop();
-            std::this_thread::sleep_for(std::chrono::milliseconds(20));
-        }
+        srv.stop();
         finish();
         fail(kCmd, "cannot load " + path + ": " + opened.error().message);
     }

@@ -112,7 +112,11 @@ Status Server::bind() {
     return {};
 }
 
-void Server::run() { http_->listen_after_bind(); }
+void Server::run() {
+    run_started_.store(true);
+    if (!stopping_.load()) http_->listen_after_bind();
+    run_ended_.store(true);
+}
 
 void Server::attach(runtime::Engine& engine, runtime::Scheduler& scheduler, PromptBuilder prompts,
                     std::string model_name) {
@@ -129,6 +133,14 @@ void Server::stop() {
     // Give open streams a moment to write the error event the shutdown produced.
     for (int i = 0; i < 50 && open_streams_.load() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     http_->stop();
+    // The HTTP library drops a stop that arrives before its accept loop has
+    // begun, so repeat it until run() has returned. (run() checks stopping_
+    // after marking itself started: either it sees the flag, or this loop sees
+    // it started.)
+    while (run_started_.load() && !run_ended_.load()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        if (!run_ended_.load()) http_->stop();
+    }
 }
 
 void Server::install_routes() {

@@ -55,13 +55,14 @@ public:
     // Binds the socket; fails naming the address.
     Status bind();
     int port() const { return port_; }
-    // Serves until stop(); call from one thread.
+    // Serves until stop(); call from one thread. Returns at once if stop() came first.
     void run();
     // Makes the model available; /health turns "ok".
     void attach(runtime::Engine& engine, runtime::Scheduler& scheduler, PromptBuilder prompts,
                 std::string model_name);
     // Refuses new requests, ends in-flight streams with an error event (the
-    // scheduler's shutdown does that), then stops listening.
+    // scheduler's shutdown does that), then stops listening; when run() is
+    // under way, returns only once it has. Safe at any moment, from any thread.
     void stop();
 
 private:
@@ -74,6 +75,7 @@ private:
     int port_ = 0;
     std::atomic<bool> ready_{false};
     std::atomic<bool> stopping_{false};
+    std::atomic<bool> run_started_{false}, run_ended_{false};
     std::atomic<int> open_streams_{0};
     runtime::Engine* engine_ = nullptr;
     runtime::Scheduler* scheduler_ = nullptr;
