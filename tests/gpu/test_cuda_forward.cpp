@@ -341,6 +341,27 @@ TEST_F(CudaModel, SequenceAloneEqualsSequenceInABatch) {
 
 // File types whose tensors include q2_K or q3_K: the CUDA backend has no
 // kernel for them and must say so when the weights are registered.
+// A KV cache far beyond the card is a clear error naming the bytes asked for
+// and the memory free, and the backend stays usable afterwards.
+TEST_F(CudaModel, KvCacheBeyondTheCardIsAClearError) {
+    auto cuda = cuda_backend();
+    ASSERT_TRUE(cuda);
+    backend::KvCacheShape huge;
+    huge.n_layers = 1000;
+    huge.n_slots = 64;
+    huge.n_ctx = 1 << 20;
+    huge.n_kv_heads = 8;
+    huge.head_dim = 128;  // 2 x 1000 x 64 x 2^20 x 8 x 128 x 2 bytes: about 275 TB
+    const Status s = cuda->init_kv_cache(huge);
+    ASSERT_FALSE(s.ok()) << "a 275 TB KV cache was accepted";
+    EXPECT_NE(s.message().find("out of memory"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("free"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("KV cache"), std::string::npos) << s.message();
+    auto t = cuda->alloc(4, 64);
+    EXPECT_TRUE(t.ok()) << "the backend is unusable after the failed allocation: " << t.error().message;
+    EXPECT_TRUE(cuda->take_error().ok());
+}
+
 TEST_F(CudaModel, RefusesQ2KAndQ3KByName) {
     for (quant::FileType ft : {quant::FileType::Q2_K, quant::FileType::Q3_K_M}) {
         const Case c{"tiny", ft, kQuantTol};
