@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -94,6 +95,17 @@ public:
     virtual void rms_norm(Tensor x, const Weight& w, float eps, Tensor out) = 0;
     // y = x W^T (+ bias if given). x.cols == W.cols, y.cols == W.rows.
     virtual void matmul(const Weight& w, Tensor x, Tensor y, const Weight* bias = nullptr) = 0;
+    // Several matrices on one input (q/k/v, gate/up): each target's y = x W^T
+    // (+ bias), the bits matmul() would give. A backend prepares x once (its
+    // activation quantization) for all of them; this default does not.
+    struct MatmulTarget {
+        const Weight* w;
+        Tensor y;
+        const Weight* bias = nullptr;
+    };
+    virtual void matmul_shared(Tensor x, std::initializer_list<MatmulTarget> targets) {
+        for (const MatmulTarget& t : targets) matmul(*t.w, x, t.y, t.bias);
+    }
     // Rotates the first rope.n_dims dims of each head of x (rows: tokens, cols: n_heads*head_dim)
     // by the positions of the current batch.
     virtual void rope(Tensor x, int n_heads, int head_dim, const RopeParams& rope) = 0;

@@ -83,9 +83,9 @@ Status Forward::run(const Batch& batch, std::vector<float>& logits) {
         const Layer& L = m_.layers[size_t(il)];
         // attention block: x += Wo · attn(rope(Wq·n(x)), rope(Wk·n(x)), Wv·n(x))
         be_.rms_norm(x, L.attn_norm, h.norm_eps, hbuf);
-        be_.matmul(L.wq, hbuf, q, L.bq ? &L.bq : nullptr);
-        be_.matmul(L.wk, hbuf, k, L.bk ? &L.bk : nullptr);
-        be_.matmul(L.wv, hbuf, v, L.bv ? &L.bv : nullptr);
+        be_.matmul_shared(hbuf, {{&L.wq, q, L.bq ? &L.bq : nullptr},
+                                 {&L.wk, k, L.bk ? &L.bk : nullptr},
+                                 {&L.wv, v, L.bv ? &L.bv : nullptr}});
         be_.rope(q, h.n_head, h.head_dim, rope);
         be_.rope(k, h.n_head_kv, h.head_dim, rope);
         be_.kv_store(il, k, v);
@@ -96,8 +96,7 @@ Status Forward::run(const Batch& batch, std::vector<float>& logits) {
         be_.add(x, hbuf);
         // feed-forward block: x += W_down · (silu(W_gate·n(x)) * W_up·n(x))
         be_.rms_norm(x, L.ffn_norm, h.norm_eps, hbuf);
-        be_.matmul(L.w_gate, hbuf, gate);
-        be_.matmul(L.w_up, hbuf, up);
+        be_.matmul_shared(hbuf, {{&L.w_gate, gate}, {&L.w_up, up}});
         be_.swiglu(gate, up);
         be_.matmul(L.w_down, gate, hbuf);
         if (reduce_)

@@ -48,6 +48,7 @@
 #include "runtime/engine.h"
 #include "text/utf8.h"
 #include "tests/support/test_shapes.h"
+#include "tests/support/test_seed.h"
 
 namespace tern {
 namespace {
@@ -60,15 +61,7 @@ constexpr double kMarginOfTolerance = 0.5;
 constexpr double kMinTop1 = 0.99;      // share of counted positions whose argmax must agree
 constexpr int kPrompt = 40, kDecode = 24;
 
-uint32_t run_seed() {
-    static const uint32_t s = [] {
-        const char* env = std::getenv("TERN_TEST_SEED");
-        const uint32_t v = env ? uint32_t(std::strtoul(env, nullptr, 10)) : std::random_device{}();
-        std::fprintf(stderr, "cuda forward tests: seed %u (set TERN_TEST_SEED to replay)\n", v);
-        return v;
-    }();
-    return s;
-}
+using test::run_seed;
 
 // ---- synthetic models -------------------------------------------------------------
 

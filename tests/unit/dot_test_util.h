@@ -19,20 +19,12 @@
 #include "quant/dot.h"
 #include "quant/quant.h"
 #include "quant/simd_path.h"
+#include "tests/support/test_seed.h"
 
 namespace tern::dot_testing {
 
-// Fresh each run unless TERN_TEST_SEED is set; printed once so a failing run
-// can be replayed.
-inline uint32_t seed() {
-    static const uint32_t s = [] {
-        const char* env = std::getenv("TERN_TEST_SEED");
-        const uint32_t v = env ? uint32_t(std::strtoul(env, nullptr, 10)) : std::random_device{}();
-        std::fprintf(stderr, "dot/matmul tests: seed %u (set TERN_TEST_SEED to replay)\n", v);
-        return v;
-    }();
-    return s;
-}
+// The binary's random seed (tests/support/test_seed.h).
+inline constexpr auto& seed = test::run_seed;
 
 inline const std::vector<TensorType>& int_types() {
     static const std::vector<TensorType> t = {

@@ -13,6 +13,7 @@
 
 #include "gguf/tensor_type.h"
 #include "quant/quant.h"
+#include "tests/support/test_seed.h"
 
 namespace tern::quant::qtest {
 
@@ -51,17 +52,8 @@ inline const std::vector<TypeCase>& all_type_cases() {
 
 inline std::string type_name(TensorType t) { return tensor_type_name(uint32_t(t)); }
 
-// Fresh each run unless TERN_TEST_SEED is set; printed so a failure can be
-// replayed.
-inline uint32_t test_seed() {
-    static const uint32_t seed = [] {
-        const char* env = std::getenv("TERN_TEST_SEED");
-        const uint32_t s = env ? uint32_t(std::strtoul(env, nullptr, 10)) : std::random_device{}();
-        std::fprintf(stderr, "quant tests: seed %u (set TERN_TEST_SEED to replay)\n", s);
-        return s;
-    }();
-    return seed;
-}
+// The binary's random seed (tests/support/test_seed.h).
+inline constexpr auto& test_seed = test::run_seed;
 
 inline std::vector<uint8_t> quantize(TensorType t, const std::vector<float>& x) {
     std::vector<uint8_t> q(row_bytes(t, int64_t(x.size())));

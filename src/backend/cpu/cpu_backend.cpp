@@ -12,6 +12,8 @@
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/ops.h"
 #include "base/fp16.h"
+#include "quant/act_quant.h"
+#include "quant/dot.h"
 #include "quant/quant.h"
 
 namespace tern::backend {
@@ -88,10 +90,30 @@ public:
 
     void matmul(const Weight& w, Tensor x, Tensor y, const Weight* bias) override {
         if (Status s = cpu::matmul(w, x.data, x.rows, y.data); !s.ok()) note(s);
-        if (bias) {
-            const float* b = f32(*bias);
-            for (int64_t t = 0; t < y.rows; ++t)
-                for (int64_t i = 0; i < y.cols; ++i) y.row(t)[i] += b[i];
+        if (bias) add_bias(y, *bias);
+    }
+
+    // Integer-kernel matrices share one quantization of x.
+    void matmul_shared(Tensor x, std::initializer_list<MatmulTarget> targets) override {
+        bool quantized = false;
+        for (const MatmulTarget& t : targets) {
+            if (!quant::dot_int_type(t.w->type) || x.cols % quant::QK8A != 0) {
+                matmul(*t.w, x, t.y, t.bias);
+                continue;
+            }
+            if (!quantized) {
+                try {
+                    shared_xq_.resize(size_t(x.rows * (x.cols / quant::QK8A)));
+                } catch (const std::bad_alloc&) {
+                    return note(Error{"matmul: out of memory quantizing " + std::to_string(x.rows) + " x " +
+                                      std::to_string(x.cols) + " activations"});
+                }
+                if (Status s = cpu::quantize_activations(x.data, x.rows, x.cols, shared_xq_.data()); !s.ok())
+                    return note(s);
+                quantized = true;
+            }
+            if (Status s = cpu::matmul_q8a(*t.w, shared_xq_.data(), x.rows, t.y.data); !s.ok()) note(s);
+            if (t.bias) add_bias(t.y, *t.bias);
         }
     }
 
@@ -156,6 +178,12 @@ private:
         return w.impl ? static_cast<const float*>(w.impl) : static_cast<const float*>(w.host);
     }
 
+    void add_bias(Tensor y, const Weight& bias) {
+        const float* b = f32(bias);
+        for (int64_t t = 0; t < y.rows; ++t)
+            for (int64_t i = 0; i < y.cols; ++i) y.row(t)[i] += b[i];
+    }
+
     void note(const Status& s) {
         if (error_.ok()) error_ = s;
     }
@@ -169,6 +197,7 @@ private:
     int threads_;
     std::deque<std::vector<float>> buffers_;
     std::deque<std::vector<float>> small_f32_;
+    std::vector<quant::block_q8a> shared_xq_;  // matmul_shared's quantized input
     KvCacheShape kv_shape_;
     std::vector<uint16_t> k_, v_;
     BatchLayout layout_;

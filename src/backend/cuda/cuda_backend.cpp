@@ -174,7 +174,6 @@ public:
     }
 
     void upload(const float* host, Tensor dst) override {
-        act_src_ = nullptr;  // the quantized copy of a matmul input is stale once anything writes
         check(cudaMemcpyAsync(dst.data, host, size_t(dst.rows * dst.cols) * sizeof(float), cudaMemcpyHostToDevice,
                               stream_),
               "upload");
@@ -192,7 +191,6 @@ public:
     // ---- per-batch state --------------------------------------------------------
 
     void set_batch(const BatchLayout& layout) override {
-        act_src_ = nullptr;  // the quantized copy of a matmul input is stale once anything writes
         finish_step();
         const int64_t n = int64_t(layout.pos.size());
         if (n > token_capacity_) {
@@ -212,7 +210,6 @@ public:
     // ---- operations -------------------------------------------------------------
 
     void embed(const Weight& table, const std::vector<int32_t>& tokens, Tensor out) override {
-        act_src_ = nullptr;  // the quantized copy of a matmul input is stale once anything writes
         // Rows dequantized on the host with the reference code (the CPU's
         // bits), then one copy: a token's row is 2-16 KiB, not worth a kernel.
         const auto* base = static_cast<const uint8_t*>(table.host);
@@ -239,55 +236,40 @@ public:
     }
 
     void rms_norm(Tensor x, const Weight& w, float eps, Tensor out) override {
-        act_src_ = nullptr;  // the quantized copy of a matmul input is stale once anything writes
         if (replaying_) return;
         cuda::rms_norm(x.data, w ? vec(w) : nullptr, eps, out.data, x.rows, x.cols, stream_);
         launched("rms_norm");
     }
 
     void matmul(const Weight& w, Tensor x, Tensor y, const Weight* bias) override {
+        matmul_shared(x, {{&w, y, bias}});
+    }
+
+    // The integer-kernel matrices share one quantization of x.
+    void matmul_shared(Tensor x, std::initializer_list<MatmulTarget> targets) override {
         if (replaying_) return;
-        auto& d = *static_cast<DeviceWeight*>(w.impl);
-        if (d.deferred && !d.dev.data) {
-            if (!cuda::int_type(d.dev.type) && d.dev.type != cuda::WType::F32 && d.dev.type != cuda::WType::F16 &&
-                d.dev.type != cuda::WType::BF16) {
-                note(Error{"cuda: tensor '" + w.name + "' has type " + tensor_type_name(uint32_t(w.type)) +
-                           ", which has no CUDA matmul kernel (use --backend cpu)"});
-                return;
-            }
-            if (capturing_) {
-                note(Error{"cuda: internal error: first use of '" + w.name + "' inside a graph capture"});
-                return;
-            }
-            if (Status s = upload_weight(w.name, d); !s.ok()) {
-                note(s);
-                return;
-            }
-        }
         const int64_t n = x.rows;
-        if (cuda::int_type(d.dev.type)) {
-            const cuda::DevAct a{act_qs_, act_d_, act_sum_, x.cols / 32};
-            // q/k/v and gate/up read the same input: quantize it once.
-            if (!(act_src_ == x.data && act_rows_ == n && act_cols_ == x.cols)) {
-                cuda::quantize_act(x.data, x.cols, n, x.cols, a, stream_);
-                act_src_ = x.data;
-                act_rows_ = n;
-                act_cols_ = x.cols;
+        const cuda::DevAct a{act_qs_, act_d_, act_sum_, x.cols / 32};
+        bool quantized = false;
+        for (const MatmulTarget& t : targets) {
+            auto& d = *static_cast<DeviceWeight*>(t.w->impl);
+            if (Status s = ensure_on_device(*t.w, d); !s.ok()) return note(s);
+            if (cuda::int_type(d.dev.type)) {
+                if (!quantized) cuda::quantize_act(x.data, x.cols, n, x.cols, a, stream_);
+                quantized = true;
+                if (n <= cuda::kMmvqMaxTokens)
+                    cuda::mmvq(d.dev, a, int(n), t.y.data, t.y.cols, stream_);
+                else
+                    cuda::mmq(d.dev, a, n, t.y.data, t.y.cols, stream_);
+            } else {
+                cuda::matmul_float(d.dev, x.data, n, t.y.data, stream_);
             }
-            if (n <= cuda::kMmvqMaxTokens)
-                cuda::mmvq(d.dev, a, int(n), y.data, y.cols, stream_);
-            else
-                cuda::mmq(d.dev, a, n, y.data, y.cols, stream_);
-        } else {
-            cuda::matmul_float(d.dev, x.data, n, y.data, stream_);
+            if (t.bias) cuda::add_bias(t.y.data, vec(*t.bias), n, t.y.cols, stream_);
         }
-        if (bias) cuda::add_bias(y.data, vec(*bias), n, y.cols, stream_);
-        if (y.data == act_src_) act_src_ = nullptr;
         launched("matmul");
     }
 
     void rope(Tensor x, int n_heads, int head_dim, const RopeParams& rope) override {
-        act_src_ = nullptr;  // the quantized copy of a matmul input is stale once anything writes
         if (replaying_) return;
         cuda::RopeArgs r;
         r.n_heads = n_heads;
@@ -309,7 +291,6 @@ public:
     }
 
     void attention(int layer, Tensor q, int n_heads, float scale, Tensor out) override {
-        act_src_ = nullptr;  // the quantized copy of a matmul input is stale once anything writes
         if (replaying_) return;
         cuda::attention(kv_layer(layer), q.data, q.rows, n_heads, scale, slot_dev_, pos_dev_, out.data, attn_ws_,
                         stream_);
@@ -317,21 +298,18 @@ public:
     }
 
     void swiglu(Tensor gate, Tensor up) override {
-        act_src_ = nullptr;  // the quantized copy of a matmul input is stale once anything writes
         if (replaying_) return;
         cuda::swiglu(gate.data, up.data, gate.rows * gate.cols, stream_);
         launched("swiglu");
     }
 
     void add(Tensor x, Tensor y) override {
-        act_src_ = nullptr;  // the quantized copy of a matmul input is stale once anything writes
         if (replaying_) return;
         cuda::add(x.data, y.data, x.rows * x.cols, stream_);
         launched("add");
     }
 
     void gather_rows(Tensor x, const std::vector<int32_t>& rows, Tensor out) override {
-        act_src_ = nullptr;  // the quantized copy of a matmul input is stale once anything writes
         const int64_t n = int64_t(rows.size());
         if (n > token_capacity_) {
             note(Error{"cuda: gather of " + std::to_string(n) + " rows exceeds the workspace"});
@@ -391,6 +369,19 @@ private:
         }
         host_allocs_.push_back(p);
         return p;
+    }
+
+    // The embedding table (or a matrix of a type without kernels) is uploaded
+    // at its first matmul, never inside a graph capture: the first step of a
+    // shape runs eagerly.
+    Status ensure_on_device(const Weight& w, DeviceWeight& d) {
+        if (!d.deferred || d.dev.data) return {};
+        if (!cuda::int_type(d.dev.type) && d.dev.type != cuda::WType::F32 && d.dev.type != cuda::WType::F16 &&
+            d.dev.type != cuda::WType::BF16)
+            return Error{"cuda: tensor '" + w.name + "' has type " + tensor_type_name(uint32_t(w.type)) +
+                         ", which has no CUDA matmul kernel (use --backend cpu)"};
+        if (capturing_) return Error{"cuda: internal error: first use of '" + w.name + "' inside a graph capture"};
+        return upload_weight(w.name, d);
     }
 
     // A copy from pageable host memory, complete on return. On our stream, not
@@ -580,8 +571,6 @@ private:
     float* act_d_ = nullptr;
     int32_t* act_sum_ = nullptr;
     int64_t act_blocks_ = 0;
-    const float* act_src_ = nullptr;  // the tensor the quantized activations hold, if still valid
-    int64_t act_rows_ = 0, act_cols_ = 0;
 
     int32_t *pos_dev_ = nullptr, *slot_dev_ = nullptr, *rows_dev_ = nullptr;
     int32_t *pos_host_ = nullptr, *slot_host_ = nullptr, *rows_host_ = nullptr;
