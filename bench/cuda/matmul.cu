@@ -158,8 +158,8 @@ struct WeightSets {
 
 void make_weight_sets(WeightSets& ws, const TypeCase& tc, const HostWeights& w, int64_t rows, int64_t l2,
                       cudaStream_t stream) {
-    const int64_t blocks = w.cols / cuda::block_elems(tc.type);
-    const int block_stride = tc.padded ? 224 : cuda::file_block_bytes(tc.type);
+    const int64_t blocks = w.cols / int(tensor_type_info(uint32_t(tc.type))->block_elems);
+    const int block_stride = tc.padded ? 224 : int(tensor_type_info(uint32_t(tc.type))->block_bytes);
     const int64_t row_stride = blocks * block_stride;
     ws.bytes = rows * row_stride;
     const int64_t set_stride = (ws.bytes + 255) / 256 * 256;

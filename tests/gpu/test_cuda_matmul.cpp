@@ -169,12 +169,16 @@ struct DeviceWeights {
     cuda::DevWeight view;
 };
 
+// Block geometry of a weight type, from the GGUF type table.
+int block_elems(WType t) { return int(tensor_type_info(uint32_t(t))->block_elems); }
+int block_bytes(WType t) { return int(tensor_type_info(uint32_t(t))->block_bytes); }
+
 // The file's bytes as they are, or (q6_K) padded on the device by pad_q6_K,
 // whose copy is checked here too.
 void upload_weights(const HostWeights& w, WType type, Layout layout, DeviceWeights& out) {
-    const int64_t blocks = w.cols / cuda::block_elems(type);
+    const int64_t blocks = w.cols / block_elems(type);
     out.raw = DeviceBuffer<uint8_t>(w.bytes);
-    out.view = {type, w.rows, w.cols, out.raw.get(), cuda::file_block_bytes(type), int64_t(w.row_bytes)};
+    out.view = {type, w.rows, w.cols, out.raw.get(), block_bytes(type), int64_t(w.row_bytes)};
     if (layout == Layout::file) return;
     const int64_t n_blocks = w.rows * blocks;
     out.padded = DeviceBuffer<uint8_t>(size_t(n_blocks * 224));
@@ -221,14 +225,11 @@ void check_output(const std::vector<float>& y, int64_t n_tokens, int64_t rows, i
 
 // ---- the type table -----------------------------------------------------------------
 
-TEST(CudaKernelTable, TypesAndBlockGeometryMatchTheFileFormat) {
+TEST(CudaKernelTable, IntegerKernelTypesAreTheCpuOnes) {
     const WType all[] = {WType::F32, WType::F16, WType::Q4_0, WType::Q4_1, WType::Q5_0, WType::Q5_1,
                          WType::Q8_0, WType::Q4_K, WType::Q5_K, WType::Q6_K, WType::BF16};
     for (WType t : all) {
-        const auto info = tensor_type_info(uint32_t(t));
-        ASSERT_TRUE(info.has_value());
-        EXPECT_EQ(cuda::block_elems(t), int(info->block_elems)) << type_name(t);
-        EXPECT_EQ(cuda::file_block_bytes(t), int(info->block_bytes)) << type_name(t);
+        ASSERT_TRUE(tensor_type_info(uint32_t(t)).has_value()) << int(t);
         EXPECT_EQ(cuda::int_type(t), quant::dot_int_type(tensor_type(t))) << type_name(t);
     }
 }
@@ -388,7 +389,7 @@ TEST_P(CudaIntMatmul, EveryOutputHasTheCpuTwinsBits) {
     const TensorType tt = tensor_type(c.type);
     SCOPED_TRACE("seed " + std::to_string(seed()));
     ASSERT_TRUE(cuda::int_type(c.type)) << case_name(c);
-    const int elems = cuda::block_elems(c.type);
+    const int elems = block_elems(c.type);
 
     // Activations per row length, as many tokens as the largest call on it needs.
     std::map<int64_t, int64_t> tokens_for_cols;
@@ -442,7 +443,7 @@ INSTANTIATE_TEST_SUITE_P(Types, CudaIntMatmul,
 // Element bytes of a weight in its stored form, and the f32 value the kernel
 // must use for it (exactly the widened stored value).
 std::vector<uint8_t> store_float_row(WType t, std::vector<float>& w) {
-    const size_t es = size_t(cuda::file_block_bytes(t));
+    const size_t es = size_t(block_bytes(t));
     std::vector<uint8_t> out(w.size() * es);
     for (size_t i = 0; i < w.size(); ++i) {
         if (t == WType::F32) {
@@ -483,7 +484,7 @@ TEST_P(CudaFloatMatmul, WithinTheStatedBoundOfTheExactProduct) {
         SCOPED_TRACE(where);
         const int64_t n_max = *std::max_element(s.tokens.begin(), s.tokens.end());
         std::vector<float> w(size_t(s.rows * s.cols));
-        std::vector<uint8_t> bytes(w.size() * size_t(cuda::file_block_bytes(type)));
+        std::vector<uint8_t> bytes(w.size() * size_t(block_bytes(type)));
         parallel_for(s.rows, [&](int64_t r) {
             std::mt19937 rng = rng_for(uint32_t(5000 + int(type)), r * 100003 + s.cols);
             std::vector<float> row = dot_testing::random_weights(rng, s.cols);
@@ -513,7 +514,7 @@ TEST_P(CudaFloatMatmul, WithinTheStatedBoundOfTheExactProduct) {
 
         DeviceBuffer<uint8_t> dw(bytes);
         DeviceBuffer<float> dx(x);
-        const int es = cuda::file_block_bytes(type);
+        const int es = block_bytes(type);
         const cuda::DevWeight view{type, s.rows, s.cols, dw.get(), es, s.cols * es};
         for (int64_t n : s.tokens) {
             SCOPED_TRACE(std::to_string(n) + " tokens");

@@ -123,7 +123,7 @@ public:
         d.dev.type = wt;
         d.dev.rows = w.rows;
         d.dev.cols = w.cols;
-        d.dev.block_stride = cuda::file_block_bytes(wt);
+        d.dev.block_stride = int(tensor_type_info(t.type_id)->block_bytes);
         d.dev.row_stride = int64_t(w.row_bytes);
         // The embedding table is read on the host; it goes to the GPU only if
         // it is also the output matrix (tied embeddings), at first use.
@@ -168,7 +168,6 @@ public:
             auto w = device_alloc(ws, "the attention workspace");
             if (!w.ok()) return Error{w.error().message};
             attn_ws_ = static_cast<float*>(*w);
-            attn_ws_bytes_ = ws;
         }
         return {};
     }
@@ -394,7 +393,7 @@ private:
 
     Status upload_weight(const std::string& name, DeviceWeight& d) {
         const bool pad = d.dev.type == cuda::WType::Q6_K && pad_q6k_;
-        const int64_t blocks = int64_t(d.file_bytes) / cuda::file_block_bytes(d.dev.type);
+        const int64_t blocks = int64_t(d.file_bytes) / int64_t(tensor_type_info(uint32_t(d.dev.type))->block_bytes);
         const size_t bytes = pad ? size_t(blocks) * 224 : d.file_bytes;
         auto mem = device_alloc(bytes, "weight '" + name + "'");
         if (!mem.ok()) return Error{mem.error().message};
@@ -584,7 +583,6 @@ private:
     KvCacheShape kv_shape_;
     uint16_t *k_ = nullptr, *v_ = nullptr;
     float* attn_ws_ = nullptr;
-    size_t attn_ws_bytes_ = 0;
 
     using GraphKey = std::pair<int64_t, int>;
     std::map<GraphKey, Graph> graphs_;

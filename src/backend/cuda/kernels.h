@@ -52,9 +52,6 @@ struct DevAct {
 
 // Types with integer (quantized-activation) kernels.
 bool int_type(WType t);
-// Elements per block and bytes per block as stored in a GGUF file.
-int block_elems(WType t);
-int file_block_bytes(WType t);
 
 // x: n_tokens rows of cols floats (row stride x_stride), cols a multiple of 32.
 void quantize_act(const float* x, int64_t x_stride, int64_t n_tokens, int64_t cols, DevAct out,

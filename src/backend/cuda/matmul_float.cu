@@ -1,6 +1,6 @@
 // Float-weight matmul (F32, F16, BF16 files) and the small weight helpers:
-// which types have integer kernels, block geometry, and the q6_K padding
-// repack used at registration. Float weights are rare in deployed models, so
+// which types have integer kernels, and the q6_K padding repack used at
+// registration. (Block geometry is the GGUF type table's, gguf/tensor_type.h.) Float weights are rare in deployed models, so
 // the matmul is a plain shared-memory tiled f32 kernel checked by tolerance.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -15,30 +15,6 @@ bool int_type(WType t) {
         case WType::Q4_K: case WType::Q5_K: case WType::Q6_K: return true;
         default: return false;
     }
-}
-
-int block_elems(WType t) {
-    switch (t) {
-        case WType::F32: case WType::F16: case WType::BF16: return 1;
-        case WType::Q4_K: case WType::Q5_K: case WType::Q6_K: return 256;
-        default: return 32;
-    }
-}
-
-int file_block_bytes(WType t) {
-    switch (t) {
-        case WType::F32: return 4;
-        case WType::F16: case WType::BF16: return 2;
-        case WType::Q4_0: return 18;
-        case WType::Q4_1: return 20;
-        case WType::Q5_0: return 22;
-        case WType::Q5_1: return 24;
-        case WType::Q8_0: return 34;
-        case WType::Q4_K: return 144;
-        case WType::Q5_K: return 176;
-        case WType::Q6_K: return 210;
-    }
-    return 0;
 }
 
 namespace {
