@@ -368,15 +368,18 @@ TEST_P(VirtualTp, EqualsUnshardedForward) {
             }
             worst = std::max(worst, diff / peak);
             EXPECT_LE(diff, c.tolerance * peak) << "position " << p;
-            // Top-1, where the unsharded margin exceeds what the tolerance could flip.
+            // Top-1 where the unsharded margin exceeds the tolerance. (Over twice
+            // the tolerance the logit bound above would already decide it;
+            // between one and two times it, a pick can still flip.)
             std::vector<float> sorted = want[p];
             std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
-            if (sorted[0] - sorted[1] > 2 * c.tolerance * peak) {
+            if (sorted[0] - sorted[1] > c.tolerance * peak) {
                 ++clear;
                 const auto top = [](const std::vector<float>& v) { return std::max_element(v.begin(), v.end()) - v.begin(); };
                 agree += top(got[p]) == top(want[p]);
             }
         }
+        ASSERT_GE(clear, int(want.size()) / 4) << "too few positions with a clear top-1 to judge";
         EXPECT_GE(agree, 0.99 * clear) << agree << " of " << clear << " clear top-1 picks agree";
         std::printf("  %s TP=%d: worst logit error %.2e of max |logit| (tolerance %.0e), top-1 %d/%d clear\n", c.name,
                     n_ranks, worst, c.tolerance, agree, clear);
