@@ -6,7 +6,8 @@
 // mean ± standard deviation over the runs. Tokenization and sampling are not
 // part of what is timed: the tokens are random valid ids drawn beforehand.
 // Besides llama-bench's columns, "gpu mem" is the device memory the backend
-// holds once the weights and KV cache are in place (empty on the CPU).
+// holds once the weights and KV cache are in place (empty on the CPU), over
+// every GPU of a tensor-parallel run (--tp N, shown in the backend column).
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -45,7 +46,9 @@ struct ModelInfo {
     std::string type;      // "llama 135M Q4_1"
     uint64_t size = 0;     // bytes of tensor data
     uint64_t n_params = 0;
-    std::string backend;   // "CPU", "CUDA"
+    std::string backend;   // "CPU", "CUDA"; "CUDA tp=2" for a tensor-parallel run
+    bool on_device = false;
+    int tp = 1;
 };
 
 struct TestRun {
@@ -107,6 +110,9 @@ ModelInfo describe_model(runtime::Engine& e, const std::string& path) {
         ftype = quant::file_type_name(uint32_t(*id)).value_or("?");
     m.type = e.model().hp.arch + " " + size_label_of(e.file(), m.n_params) + " " + ftype;
     m.backend = backend_display_name(e);
+    m.on_device = m.backend != "CPU";
+    m.tp = e.tp();
+    if (m.tp > 1) m.backend += " tp=" + std::to_string(m.tp);
     return m;
 }
 
@@ -122,7 +128,7 @@ double mib_of(uint64_t bytes) { return double(bytes) / (1024.0 * 1024.0); }
 
 // The "gpu mem" cell: empty for a backend in host memory.
 std::string format_device_mem(const ModelInfo& m, uint64_t bytes) {
-    if (m.backend == "CPU") return "";
+    if (!m.on_device) return "";
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.2f MiB", mib_of(bytes));
     return buf;
@@ -160,7 +166,7 @@ std::vector<int32_t> random_tokens(std::mt19937_64& rng, int n, int n_vocab) {
 // Nanoseconds to evaluate `tokens` from an empty cache in batches of `batch`,
 // with logits for the last token only (as a prompt is evaluated).
 double time_prompt(runtime::Engine& e, const std::vector<int32_t>& tokens, int batch) {
-    model::Forward& fwd = e.forward();
+    model::Pass& fwd = e.forward();
     const size_t step = size_t(std::min(batch, fwd.max_tokens()));
     std::vector<float> logits;
     const auto t0 = std::chrono::steady_clock::now();
@@ -176,7 +182,7 @@ double time_prompt(runtime::Engine& e, const std::vector<int32_t>& tokens, int b
 // Nanoseconds to evaluate `tokens` one at a time from an empty cache, each
 // step producing logits (as generation does).
 double time_generation(runtime::Engine& e, const std::vector<int32_t>& tokens) {
-    model::Forward& fwd = e.forward();
+    model::Pass& fwd = e.forward();
     std::vector<float> logits;
     const auto t0 = std::chrono::steady_clock::now();
     for (size_t i = 0; i < tokens.size(); ++i) {
@@ -239,6 +245,7 @@ nlohmann::ordered_json to_json(const ModelInfo& m, const TestRun& t) {
     j["model_n_params"] = m.n_params;
     j["backend"] = m.backend;
     j["gpu_mem_mib"] = mib_of(t.device_bytes);  // 0 on the CPU
+    j["tp"] = m.tp;
     j["n_threads"] = t.threads;
     j["n_batch"] = t.batch;
     j["test"] = t.name;
@@ -306,7 +313,7 @@ void run_bench(const BenchCliOptions& o, const CLI::App& cmd) {
         mf.threads = threads[ti];
         mf.batch = *std::max_element(batches.begin(), batches.end());
         std::unique_ptr<runtime::Engine> engine = open_engine(kCmd, path, mf, n_ctx);
-        const uint64_t device_bytes = engine->backend().device_bytes();
+        const uint64_t device_bytes = engine->device_bytes();
         if (ti == 0) {
             info = describe_model(*engine, path);
             if (o.model.verbose) print_model_summary(*engine, path);

@@ -121,6 +121,9 @@ void add_backend_flags(CLI::App* cmd, const char* command, ModelFlags& f) {
            "(default auto)")
         ->type_name("NAME");
     add_int_option(cmd, command, "--gpu", f.gpu, "GPU device index for the cuda backend (default 0)");
+    add_int_option(cmd, command, "--tp", f.tp,
+                   "Tensor parallelism: split the model over N GPUs (--gpu and the N-1 after it, joined by NCCL), "
+                   "or over N CPU ranks with --backend cpu (default 1)");
 }
 
 void add_sampling_flags(CLI::App* cmd, const char* command, SamplingFlags& s) {
@@ -215,9 +218,11 @@ std::unique_ptr<runtime::Engine> open_engine(const char* command, const std::str
     if (f.batch < 1) fail(command, "--batch must be at least 1 (got " + std::to_string(f.batch) + ")");
     if (n_ctx < 0) fail(command, "--ctx must be 0 (the model's default) or more (got " + std::to_string(n_ctx) + ")");
     if (f.gpu < 0) fail(command, "--gpu must be 0 or more (got " + std::to_string(f.gpu) + ")");
+    if (f.tp < 1 || f.tp > 64) fail(command, "--tp must be between 1 and 64 (got " + std::to_string(f.tp) + ")");
     runtime::EngineOptions o;
     o.backend = f.backend;
     o.gpu = f.gpu;
+    o.tp = f.tp;
     o.load_progress = load_progress_bar();
     o.threads = f.threads;
     o.n_ctx = n_ctx;
@@ -240,7 +245,7 @@ model::LoadProgress load_progress_bar() {
 }
 
 std::string backend_display_name(const runtime::Engine& engine) {
-    std::string name = engine.backend().name();
+    std::string name = engine.backend_name();
     for (char& c : name) c = char(std::toupper(static_cast<unsigned char>(c)));
     return name;
 }
@@ -248,9 +253,12 @@ std::string backend_display_name(const runtime::Engine& engine) {
 void print_model_summary(const runtime::Engine& engine, const std::string& path) {
     const model::Hparams& hp = engine.model().hp;
     std::string backend = backend_display_name(engine);
-    const size_t device_bytes = engine.backend().device_bytes();
+    const size_t device_bytes = engine.device_bytes();
+    const int gpu = engine.options().gpu, tp = engine.tp();
     if (backend != "CPU")
-        backend += " (GPU " + std::to_string(engine.options().gpu) + ", " + format_bytes(device_bytes) + " of device memory)";
+        backend += " (GPU " + (tp > 1 ? std::to_string(gpu) + "-" + std::to_string(gpu + tp - 1) : std::to_string(gpu)) +
+                   ", " + format_bytes(device_bytes) + " of device memory)";
+    if (tp > 1) backend += ", tensor parallel over " + std::to_string(tp) + " ranks";
     std::fprintf(stderr, "model: %s (%s, %d layers, %d embd, vocab %d), context %d, backend %s\n", path.c_str(),
                  hp.arch.c_str(), hp.n_layer, hp.n_embd, hp.n_vocab, engine.n_ctx(), backend.c_str());
 }

@@ -30,6 +30,7 @@ struct ModelFlags {
     int batch = 512;
     std::string backend = "auto";  // auto, cpu or cuda
     int gpu = 0;                   // device index for cuda
+    int tp = 1;                    // tensor-parallel ranks
     bool verbose = false;
 };
 
@@ -47,10 +48,10 @@ CLI::Option* add_float_option(CLI::App* cmd, const char* command, const std::str
 CLI::Option* add_u64_option(CLI::App* cmd, const char* command, const std::string& names,
                             std::optional<uint64_t>& dst, const std::string& help);
 
-// -m/--model, -t/--threads, -c/--ctx, -b/--batch, --backend, --gpu, -v/--verbose.
+// -m/--model, -t/--threads, -c/--ctx, -b/--batch, --backend, --gpu, --tp, -v/--verbose.
 // ctx_help describes the default context of the command.
 void add_model_flags(CLI::App* cmd, const char* command, ModelFlags& flags, const std::string& ctx_help);
-// --backend (checked to be auto, cpu or cuda as it is parsed) and --gpu.
+// --backend (checked to be auto, cpu or cuda as it is parsed), --gpu and --tp.
 void add_backend_flags(CLI::App* cmd, const char* command, ModelFlags& flags);
 // --temp, --top-k, --top-p, --min-p, --repeat-penalty, --repeat-last-n,
 // --presence-penalty, --frequency-penalty, --seed.

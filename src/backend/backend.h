@@ -77,7 +77,10 @@ public:
     virtual std::string name() const = 0;
 
     // --- memory and registration ---
-    virtual Result<Weight> register_weight(const gguf::TensorInfo& t) = 0;
+    // Takes a weight as describe_weight() gives it, or a view of one (a
+    // tensor-parallel shard: some rows, or some block-aligned columns of every
+    // row with the full row stride), and returns it with the backend's handle.
+    virtual Result<Weight> register_weight(const Weight& described) = 0;
     virtual Result<Tensor> alloc(int64_t rows, int64_t cols) = 0;   // freed with the backend
     // A slot is never cleared: attention reads only positions 0..pos of a
     // token's slot, and every one of those is written (kv_store) first.
@@ -126,6 +129,13 @@ public:
     // issued without a status each, as a GPU queue would run them), then clears it.
     virtual Status take_error() = 0;
 
+    // Tensor parallelism: x = the sum of x over every rank of the group this
+    // backend was made in (make_*_backend's `group`), the same bits on every
+    // rank. Every rank calls it at the same points of a pass. Like the
+    // operations it only enqueues; a failure shows at take_error(). A backend
+    // made without a group reports an error.
+    virtual void all_reduce_sum(Tensor x) = 0;
+
     // Device memory this backend holds (weights, KV cache, workspace), in bytes;
     // 0 for a backend that uses host memory.
     virtual size_t device_bytes() const { return 0; }
@@ -133,14 +143,44 @@ public:
 
 // The matrix view of a GGUF tensor (name, type, shape, host bytes, row stride),
 // or an error naming a type no backend reads or a row that is not whole blocks.
-// Backends start their register_weight from it and add their own handle.
+// What register_weight() takes.
 Result<Weight> describe_weight(const gguf::TensorInfo& t);
 
-// The CPU backend; threads <= 0 means all cores.
-std::unique_ptr<Backend> make_cpu_backend(int threads = 0);
+// The ranks of one tensor-parallel model and how they exchange partial sums.
+// Each kind of group serves one kind of backend: a host group joins CPU
+// backends (in one process, one thread per rank), an NCCL group joins CUDA
+// backends on several GPUs of one host.
+class CommGroup {
+public:
+    virtual ~CommGroup() = default;
+    virtual int size() const = 0;
+    virtual std::string kind() const = 0;  // "host", "nccl"
+    // A rank that stops in the middle of a pass calls this so that ranks
+    // waiting for it give up (a host group; NCCL ranks never stop mid-pass,
+    // since their operations only enqueue). begin_pass() clears it.
+    virtual void abandon(int /*rank*/) {}
+    virtual void begin_pass() {}
+};
+
+// A group of n_ranks CPU backends in one process: an all-reduce is a
+// rendezvous where each rank sums every rank's partial in rank order, so
+// every rank gets the same bits whatever the thread timing.
+std::shared_ptr<CommGroup> make_host_group(int n_ranks);
+
+// One NCCL communicator per GPU of `devices` (rank r on devices[r]), in this
+// process. NCCL is loaded when this is called (libnccl.so.2, or the file
+// TERN_NCCL_LIBRARY names), so a build of tern runs on machines without it;
+// the error says what is missing.
+Result<std::shared_ptr<CommGroup>> make_nccl_group(const std::vector<int>& devices);
+
+// The CPU backend; threads <= 0 means all cores. Given a host group, it is
+// rank `rank` of it.
+std::unique_ptr<Backend> make_cpu_backend(int threads = 0, std::shared_ptr<CommGroup> group = nullptr, int rank = 0);
 
 // The CUDA backend on GPU `device`, or an error naming why it cannot be had
-// (a build without CUDA, no driver, no such device).
-Result<std::unique_ptr<Backend>> make_cuda_backend(int device = 0);
+// (a build without CUDA, no driver, no such device). Given an NCCL group, it
+// is rank `rank` of it and `device` must be that rank's GPU.
+Result<std::unique_ptr<Backend>> make_cuda_backend(int device = 0, std::shared_ptr<CommGroup> group = nullptr,
+                                                   int rank = 0);
 
 }  // namespace tern::backend

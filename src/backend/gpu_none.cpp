@@ -8,8 +8,13 @@ bool built_with_cuda() { return false; }
 std::string cuda_architectures() { return {}; }
 Result<std::vector<GpuInfo>> list_gpus() { return std::vector<GpuInfo>{}; }
 
-Result<std::unique_ptr<Backend>> make_cuda_backend(int) {
+Result<std::unique_ptr<Backend>> make_cuda_backend(int, std::shared_ptr<CommGroup>, int) {
     return Error{"this build of tern has no CUDA backend (configure with -DTERN_CUDA=ON on a machine with the CUDA toolkit)"};
+}
+
+Result<std::shared_ptr<CommGroup>> make_nccl_group(const std::vector<int>&) {
+    return Error{"this build of tern has no CUDA backend, so no tensor parallelism over GPUs (configure with "
+                 "-DTERN_CUDA=ON; --backend cpu --tp N runs the ranks on the CPU)"};
 }
 
 }  // namespace tern::backend

@@ -48,7 +48,20 @@ enum class ReducePoint {
 // A failed status ends the forward call with that status.
 using ReduceHook = std::function<Status(ReducePoint point, int layer, backend::Tensor partial)>;
 
-class Forward {
+// What the runtime drives: a forward pass over one backend (Forward) or over
+// the ranks of a tensor-parallel model (TpForward, model/tensor_parallel.h).
+class Pass {
+public:
+    virtual ~Pass() = default;
+    // Runs the batch; on success `logits` holds logits_for.size() rows of
+    // n_vocab (the output head's rows).
+    virtual Status run(const Batch& batch, std::vector<float>& logits) = 0;
+    virtual int max_tokens() const = 0;
+    virtual int n_slots() const = 0;
+    virtual int n_ctx() const = 0;
+};
+
+class Forward final : public Pass {
 public:
     // Allocates the workspace for batches of up to max_tokens tokens and the
     // backend's KV cache for n_slots sequences of n_ctx positions each.
@@ -60,14 +73,14 @@ public:
 
     // Runs the batch; on success `logits` holds logits_for.size() rows of the
     // output head's rows (n_vocab; a tensor-parallel shard: its vocabulary rows).
-    Status run(const Batch& batch, std::vector<float>& logits);
+    Status run(const Batch& batch, std::vector<float>& logits) override;
 
     // Makes this pass one shard of a tensor-parallel model (empty: a whole model).
     void set_reduce_hook(ReduceHook hook) { reduce_ = std::move(hook); }
 
-    int max_tokens() const { return max_tokens_; }
-    int n_slots() const { return kv_.n_slots; }
-    int n_ctx() const { return kv_.n_ctx; }
+    int max_tokens() const override { return max_tokens_; }
+    int n_slots() const override { return kv_.n_slots; }
+    int n_ctx() const override { return kv_.n_ctx; }
 
 private:
     Forward(const Model& m, backend::Backend& be, int max_tokens) : m_(m), be_(be), max_tokens_(max_tokens) {}

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "quant/quant.h"
+
 namespace tern::model {
 namespace {
 
@@ -110,7 +112,7 @@ Result<Hparams> read_hparams(const gguf::File& f) {
     return hp;
 }
 
-Result<Model> load_model(const gguf::File& f, backend::Backend& be, const LoadProgress& progress) {
+Result<Model> describe_model(const gguf::File& f) {
     auto hp = read_hparams(f);
     if (!hp.ok()) return hp.error();
     Model m;
@@ -119,19 +121,15 @@ Result<Model> load_model(const gguf::File& f, backend::Backend& be, const LoadPr
     const int64_t q_dim = int64_t(h.n_head) * h.head_dim;
     const int64_t kv_dim = int64_t(h.n_head_kv) * h.head_dim;
 
-    // Every tensor is checked first and registered after, so a bad file fails
-    // before a backend copies anything, and progress knows the total.
-    struct Planned {
-        backend::Weight* dst;
-        const gguf::TensorInfo* info;
-    };
-    std::vector<Planned> plan;
     Status failed;
     auto want = [&](backend::Weight& dst, const std::string& name, int64_t ne0, int64_t ne1, bool required = true) {
         if (!failed.ok()) return;
         auto t = find_checked(f, name, ne0, ne1, required);
         if (!t.ok()) { failed = t.error(); return; }
-        if (*t != nullptr) plan.push_back({&dst, *t});
+        if (*t == nullptr) return;
+        auto w = backend::describe_weight(**t);
+        if (!w.ok()) { failed = Error{f.path() + ": " + w.error().message}; return; }
+        dst = std::move(*w);
     };
 
     want(m.token_embd, "token_embd.weight", h.n_embd, h.n_vocab);
@@ -157,19 +155,66 @@ Result<Model> load_model(const gguf::File& f, backend::Backend& be, const LoadPr
         want(L.w_down, p + "ffn_down.weight", h.n_ff, h.n_embd);
     }
     if (!failed.ok()) return Error{failed.message()};
-
-    size_t total_bytes = 0;
-    for (const Planned& p : plan) total_bytes += size_t(p.info->n_bytes);
-    size_t done_bytes = 0;
-    for (const Planned& p : plan) {
-        auto w = be.register_weight(*p.info);
-        if (!w.ok()) return w.error();
-        *p.dst = std::move(*w);
-        done_bytes += size_t(p.info->n_bytes);
-        if (progress) progress(done_bytes, total_bytes);
-    }
     if (!m.output) m.output = m.token_embd;  // tied embeddings
     return m;
+}
+
+namespace {
+
+// Every weight of a model, in load order; the output head last, so that a
+// tied head can be told from the table it shares.
+std::vector<backend::Weight*> weights_of(Model& m) {
+    std::vector<backend::Weight*> all = {&m.token_embd, &m.output_norm, &m.rope_freqs};
+    for (Layer& L : m.layers)
+        for (backend::Weight* w : {&L.attn_norm, &L.wq, &L.wk, &L.wv, &L.bq, &L.bk, &L.bv, &L.wo, &L.ffn_norm,
+                                   &L.w_gate, &L.w_up, &L.w_down})
+            all.push_back(w);
+    all.push_back(&m.output);
+    return all;
+}
+
+bool same_view(const backend::Weight& a, const backend::Weight& b) {
+    return a.host == b.host && a.rows == b.rows && a.cols == b.cols && a.row_bytes == b.row_bytes;
+}
+
+size_t weight_bytes(const backend::Weight& w) {
+    return w ? size_t(w.rows) * quant::row_bytes(w.type, w.cols) : 0;
+}
+
+}  // namespace
+
+size_t model_bytes(const Model& described) {
+    Model m = described;
+    size_t total = 0;
+    for (backend::Weight* w : weights_of(m))
+        if (w != &m.output || !same_view(m.output, m.token_embd)) total += weight_bytes(*w);
+    return total;
+}
+
+Result<Model> register_model(const Model& described, backend::Backend& be, const LoadProgress& progress) {
+    Model m = described;
+    const size_t total_bytes = model_bytes(described);
+    const bool tied = same_view(m.output, m.token_embd);
+    size_t done_bytes = 0;
+    for (backend::Weight* w : weights_of(m)) {
+        if (!*w) continue;
+        if (w == &m.output && tied) {
+            m.output = m.token_embd;  // one registration serves both
+            continue;
+        }
+        auto r = be.register_weight(*w);
+        if (!r.ok()) return r.error();
+        *w = std::move(*r);
+        done_bytes += weight_bytes(*w);
+        if (progress) progress(done_bytes, total_bytes);
+    }
+    return m;
+}
+
+Result<Model> load_model(const gguf::File& f, backend::Backend& be, const LoadProgress& progress) {
+    auto m = describe_model(f);
+    if (!m.ok()) return m.error();
+    return register_model(*m, be, progress);
 }
 
 }  // namespace tern::model

@@ -63,8 +63,22 @@ Result<Hparams> read_hparams(const gguf::File& file);
 // far and in all (done_bytes == total_bytes after the last one).
 using LoadProgress = std::function<void(size_t done_bytes, size_t total_bytes)>;
 
-// Checks every tensor, then registers each weight with the backend, calling
-// `progress` (if given) after each. The file must outlive the model.
+// Checks every tensor's presence, type and shape and describes each weight
+// (backend::describe_weight): a Model whose weights point into the file and
+// belong to no backend yet. A tied output head is the embedding table. The
+// file must outlive the model.
+Result<Model> describe_model(const gguf::File& file);
+
+// Bytes of weight data register_model() will hand to a backend (a tied output
+// head counted once).
+size_t model_bytes(const Model& described);
+
+// Registers every weight of a described model (or of a tensor-parallel shard
+// of one) with the backend, calling `progress` (if given) after each.
+Result<Model> register_model(const Model& described, backend::Backend& be, const LoadProgress& progress = {});
+
+// describe_model, then register_model: a bad file fails before a backend
+// copies anything.
 Result<Model> load_model(const gguf::File& file, backend::Backend& be, const LoadProgress& progress = {});
 
 }  // namespace tern::model

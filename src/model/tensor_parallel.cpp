@@ -175,58 +175,16 @@ Result<Model> shard_model(const Model& model, const TpPlan& plan, int rank) {
     return s;
 }
 
-// ---- the CPU-simulated tensor-parallel forward ----
+// ---- the tensor-parallel forward ----
 
-// A reusable barrier that a failing rank can abandon, so the others stop
-// waiting for a partial that will never come.
-struct VirtualTpForward::Rendezvous {
-    explicit Rendezvous(int n) : n_ranks(n), partials(size_t(n)) {}
-
-    // Blocks until every rank has arrived; false once the round is abandoned.
-    bool arrive_and_wait() {
-        std::unique_lock<std::mutex> lk(mu);
-        if (abandoned) return false;
-        const uint64_t gen = generation;
-        if (++arrived == n_ranks) {
-            arrived = 0;
-            ++generation;
-            cv.notify_all();
-            return true;
-        }
-        cv.wait(lk, [&] { return generation != gen || abandoned; });
-        return generation != gen;
-    }
-    void abandon(int rank) {
-        std::lock_guard<std::mutex> lk(mu);
-        if (!abandoned) first_failed = rank;
-        abandoned = true;
-        cv.notify_all();
-    }
-    void reset() {
-        std::lock_guard<std::mutex> lk(mu);
-        arrived = 0;
-        abandoned = false;
-        first_failed = -1;
-    }
-
-    const int n_ranks;
-    std::mutex mu;
-    std::condition_variable cv;
-    int arrived = 0;
-    uint64_t generation = 0;
-    bool abandoned = false;
-    int first_failed = -1;
-    std::vector<std::vector<float>> partials;  // one per rank, written only by its rank
-};
-
-// One simulated device: its shard, backend and Forward, and the thread that
-// issues all of its work (as a multi-GPU build keeps one host thread per GPU;
-// here it also keeps each backend's OpenMP team size to its own thread).
-struct VirtualTpForward::Rank {
+// One rank: its shard, backend and Forward, and the thread that issues all of
+// its work (a CUDA backend's device belongs to the thread that made it; a CPU
+// backend's OpenMP team size is its thread's setting).
+struct TpForward::Rank {
     Model model;
     std::unique_ptr<backend::Backend> be;
     std::unique_ptr<Forward> fwd;
-    std::vector<float> logits, sum;
+    std::vector<float> logits;
     Status status;
 
     std::thread thread;
@@ -262,8 +220,14 @@ struct VirtualTpForward::Rank {
         std::unique_lock<std::mutex> lk(mu);
         cv.wait(lk, [&] { return !pending; });
     }
+    // Forward and backend are released on the rank's thread, as they were made.
     void stop() {
         if (!thread.joinable()) return;
+        post([this] {
+            fwd.reset();
+            be.reset();
+        });
+        wait();
         {
             std::lock_guard<std::mutex> lk(mu);
             quit = true;
@@ -273,80 +237,95 @@ struct VirtualTpForward::Rank {
     }
 };
 
-VirtualTpForward::~VirtualTpForward() {
+TpForward::~TpForward() {
     for (auto& r : ranks_) r->stop();
 }
 
-Result<std::unique_ptr<VirtualTpForward>> VirtualTpForward::create(const Model& model, int n_ranks, int max_tokens,
-                                                                   int n_slots, int n_ctx, int threads_per_rank) {
+const backend::Backend& TpForward::rank_backend(int rank) const { return *ranks_[size_t(rank)]->be; }
+
+size_t TpForward::device_bytes() const {
+    size_t total = 0;
+    for (const auto& r : ranks_) total += r->be->device_bytes();
+    return total;
+}
+
+Result<std::unique_ptr<TpForward>> TpForward::create(const Model& model, std::shared_ptr<backend::CommGroup> group,
+                                                     const MakeBackend& make_backend, int max_tokens, int n_slots,
+                                                     int n_ctx, const LoadProgress& progress) {
+    if (!group) return Error{"tensor parallel: no communication group"};
+    const int n_ranks = group->size();
     auto plan = plan_tensor_parallel(model.hp, model, n_ranks);
     if (!plan.ok()) return plan.error();
-    std::unique_ptr<VirtualTpForward> tp(new VirtualTpForward());
+    std::unique_ptr<TpForward> tp(new TpForward());
     tp->plan_ = std::move(*plan);
     tp->n_vocab_ = model.output.rows;
-    tp->meet_ = std::make_unique<Rendezvous>(n_ranks);
+    tp->max_tokens_ = max_tokens;
+    tp->n_slots_ = n_slots;
+    tp->n_ctx_ = n_ctx;
+    tp->group_ = group;
+
+    // Shards first (a plan that cannot be cut fails before any device is touched).
+    size_t total_bytes = 0;
     for (int r = 0; r < n_ranks; ++r) {
         auto shard = shard_model(model, tp->plan_, r);
         if (!shard.ok()) return shard.error();
         auto rank = std::make_unique<Rank>();
         rank->model = std::move(*shard);
-        rank->start();
-        Rank* rp = rank.get();
-        VirtualTpForward* self = tp.get();
+        total_bytes += model_bytes(rank->model);
         tp->ranks_.push_back(std::move(rank));
-        // The backend is made on the rank's thread, which its OpenMP settings belong to.
-        rp->post([=] {
-            rp->be = backend::make_cpu_backend(threads_per_rank);
-            auto f = Forward::create(rp->model, *rp->be, max_tokens, n_slots, n_ctx);
-            if (!f.ok()) {
-                rp->status = Error{"tensor parallel rank " + str(r) + ": " + f.error().message};
-                return;
-            }
-            rp->fwd = std::move(*f);
-            rp->fwd->set_reduce_hook(
-                [self, r](ReducePoint, int, backend::Tensor partial) { return self->reduce(r, partial); });
-        });
-        rp->wait();
-        if (!rp->status.ok()) return Error{rp->status.message()};
     }
+
+    // Every rank loads at once, each on its own thread; progress sums them.
+    std::mutex progress_mu;
+    std::vector<size_t> done(size_t(n_ranks), 0);
+    for (int r = 0; r < n_ranks; ++r) {
+        Rank* rp = tp->ranks_[size_t(r)].get();
+        rp->start();
+        rp->post([=, &make_backend, &progress, &progress_mu, &done] {
+            auto fail = [&](const std::string& why) { rp->status = Error{"tensor parallel rank " + str(r) + ": " + why}; };
+            auto be = make_backend(r);
+            if (!be.ok()) return fail(be.error().message);
+            rp->be = std::move(*be);
+            LoadProgress told;
+            if (progress)
+                told = [&, r](size_t d, size_t) {
+                    std::lock_guard<std::mutex> lk(progress_mu);
+                    done[size_t(r)] = d;
+                    size_t sum = 0;
+                    for (size_t v : done) sum += v;
+                    progress(sum, total_bytes);
+                };
+            auto registered = register_model(rp->model, *rp->be, told);
+            if (!registered.ok()) return fail(registered.error().message);
+            rp->model = std::move(*registered);
+            auto f = Forward::create(rp->model, *rp->be, max_tokens, n_slots, n_ctx);
+            if (!f.ok()) return fail(f.error().message);
+            rp->fwd = std::move(*f);
+            backend::Backend* bep = rp->be.get();
+            rp->fwd->set_reduce_hook([bep](ReducePoint, int, backend::Tensor partial) {
+                bep->all_reduce_sum(partial);
+                return Status{};  // a failure surfaces at the pass's end, from take_error
+            });
+        });
+    }
+    for (auto& r : tp->ranks_) r->wait();
+    for (auto& r : tp->ranks_)
+        if (!r->status.ok()) return Error{r->status.message()};
     return tp;
 }
 
-// The all-reduce: deposit, wait for all, sum in rank order, wait until every
-// rank has read every partial (so none is overwritten early), write back.
-Status VirtualTpForward::reduce(int rank, backend::Tensor partial) {
-    Rank& me = *ranks_[size_t(rank)];
-    const size_t n = size_t(partial.rows * partial.cols);
-    std::vector<float>& mine = meet_->partials[size_t(rank)];
-    mine.resize(n);
-    me.be->synchronize();
-    me.be->download(partial, mine.data());
-    const Error abandoned{"tensor parallel rank " + str(rank) + ": stopped because another rank failed"};
-    if (!meet_->arrive_and_wait()) return abandoned;
-    for (const std::vector<float>& p : meet_->partials)
-        if (p.size() != n) {
-            meet_->abandon(rank);
-            return Error{"tensor parallel: ranks reduced tensors of different sizes"};
-        }
-    me.sum.assign(meet_->partials[0].begin(), meet_->partials[0].end());
-    for (size_t k = 1; k < meet_->partials.size(); ++k)
-        for (size_t i = 0; i < n; ++i) me.sum[i] += meet_->partials[k][i];
-    if (!meet_->arrive_and_wait()) return abandoned;
-    me.be->upload(me.sum.data(), partial);
-    return {};
-}
-
-Status VirtualTpForward::run(const Batch& batch, std::vector<float>& logits) {
-    meet_->reset();
+Status TpForward::run(const Batch& batch, std::vector<float>& logits) {
+    group_->begin_pass();
     for (size_t r = 0; r < ranks_.size(); ++r) {
         Rank* rp = ranks_[r].get();
         rp->post([this, rp, r, &batch] {
             rp->status = rp->fwd->run(batch, rp->logits);
-            if (!rp->status.ok()) meet_->abandon(int(r));
+            if (!rp->status.ok()) group_->abandon(int(r));
         });
     }
     for (auto& r : ranks_) r->wait();
-    if (meet_->first_failed >= 0) return ranks_[size_t(meet_->first_failed)]->status;
+    for (auto& r : ranks_)
+        if (!r->status.ok()) return r->status;
 
     // Gather: each rank's logits are its vocabulary columns of every wanted row.
     const size_t m = batch.logits_for.size();
@@ -360,6 +339,18 @@ Status VirtualTpForward::run(const Batch& batch, std::vector<float>& logits) {
                       logits.begin() + int64_t(t * size_t(n_vocab_) + size_t(pr.vocab_begin)));
     }
     return {};
+}
+
+Result<std::unique_ptr<TpForward>> make_cpu_tensor_parallel(const Model& model, int n_ranks, int max_tokens,
+                                                           int n_slots, int n_ctx, int threads_per_rank) {
+    if (n_ranks < 1) return Error{"tensor parallel: " + str(n_ranks) + " ranks"};
+    std::shared_ptr<backend::CommGroup> group = backend::make_host_group(n_ranks);
+    return TpForward::create(
+        model, group,
+        [group, threads_per_rank](int rank) -> Result<std::unique_ptr<backend::Backend>> {
+            return backend::make_cpu_backend(threads_per_rank, group, rank);
+        },
+        max_tokens, n_slots, n_ctx);
 }
 
 }  // namespace tern::model

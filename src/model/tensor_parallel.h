@@ -1,8 +1,8 @@
 // Tensor parallelism for the llama family: how a model's weights divide over
-// N ranks (devices), the per-rank weight views, and a "virtual" tensor-parallel
-// forward that runs the N shards on CPU backends and must equal the unsharded
-// forward pass. It is the arithmetic a multi-GPU build runs, checkable without
-// GPUs; docs/tensor-parallel.md describes the layout and where the reductions go.
+// N ranks (devices), the per-rank weight views, and the forward pass that runs
+// the N shards, on GPUs joined by NCCL or on CPU backends (where it must equal
+// the unsharded pass within rounding); docs/tensor-parallel.md describes the
+// layout and where the reductions go.
 //
 // Megatron-style split: per layer, the attention heads are divided by KV head
 // (each rank keeps whole GQA groups, so its KV cache holds only its heads) and
@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -62,37 +63,53 @@ Result<backend::Weight> weight_cols(const backend::Weight& w, int64_t c0, int64_
 // vocabulary rows. `model` must outlive the result.
 Result<Model> shard_model(const Model& model, const TpPlan& plan, int rank);
 
-// Tensor parallelism simulated on the CPU: one CPU backend, KV cache and
-// Forward per rank, run on one thread per rank. Each rank's Forward runs the
-// whole pass; its reduce hook is a rendezvous where every rank deposits its
-// partial, then each sums all N in rank order (so every rank gets the same
-// bits, whatever the thread timing) and continues. That is the structure a
-// multi-GPU build keeps, with an NCCL all-reduce in the hook. The embedding is
-// replicated here; a multi-GPU build could split it by vocabulary and all-reduce.
-// The model's weights must be readable through their host pointers (loaded
-// with a CPU backend).
-class VirtualTpForward {
+// A tensor-parallel model: per rank a backend, its shard's weights registered
+// there, a KV cache of its heads and a Forward, all driven by one host thread
+// per rank (a GPU backend's device is bound to the thread that made it). Each
+// rank runs the whole pass; after each row-parallel matmul its backend's
+// all_reduce_sum adds the ranks' partials (an NCCL all-reduce between GPUs,
+// a rendezvous between CPU ranks), so every rank's copy of the residual
+// stream stays the same. The logits are gathered from the ranks' vocabulary
+// slices in rank order. The embedding table is read on the host by every rank.
+class TpForward final : public Pass {
 public:
-    static Result<std::unique_ptr<VirtualTpForward>> create(const Model& model, int n_ranks, int max_tokens,
-                                                            int n_slots, int n_ctx, int threads_per_rank = 1);
-    ~VirtualTpForward();
+    // Makes rank r's backend, in `group` (called on the rank's thread).
+    using MakeBackend = std::function<Result<std::unique_ptr<backend::Backend>>(int rank)>;
 
-    // As Forward::run: logits_for.size() rows of n_vocab, the ranks' vocabulary
-    // slices gathered in rank order.
-    Status run(const Batch& batch, std::vector<float>& logits);
+    // `model` as describe_model() gives it (or loaded with a backend that
+    // leaves the host bytes readable); it must outlive the TpForward.
+    // `progress` is told the bytes registered over all ranks.
+    static Result<std::unique_ptr<TpForward>> create(const Model& model, std::shared_ptr<backend::CommGroup> group,
+                                                     const MakeBackend& make_backend, int max_tokens, int n_slots,
+                                                     int n_ctx, const LoadProgress& progress = {});
+    ~TpForward() override;
+
+    // As Forward::run: logits_for.size() rows of n_vocab.
+    Status run(const Batch& batch, std::vector<float>& logits) override;
+    int max_tokens() const override { return max_tokens_; }
+    int n_slots() const override { return n_slots_; }
+    int n_ctx() const override { return n_ctx_; }
 
     const TpPlan& plan() const { return plan_; }
+    int n_ranks() const { return plan_.n_ranks; }
+    const backend::Backend& rank_backend(int rank) const;
+    size_t device_bytes() const;  // over every rank
 
 private:
-    VirtualTpForward() = default;
+    TpForward() = default;
     struct Rank;
-    struct Rendezvous;
-    Status reduce(int rank, backend::Tensor partial);
 
     TpPlan plan_;
     int64_t n_vocab_ = 0;
+    int max_tokens_ = 0, n_slots_ = 0, n_ctx_ = 0;
+    std::shared_ptr<backend::CommGroup> group_;
     std::vector<std::unique_ptr<Rank>> ranks_;
-    std::unique_ptr<Rendezvous> meet_;
 };
+
+// Tensor parallelism simulated on the CPU: n_ranks CPU backends in a host
+// group, threads_per_rank OpenMP threads each. It is the arithmetic a
+// multi-GPU run does, checkable without GPUs.
+Result<std::unique_ptr<TpForward>> make_cpu_tensor_parallel(const Model& model, int n_ranks, int max_tokens,
+                                                           int n_slots, int n_ctx, int threads_per_rank = 1);
 
 }  // namespace tern::model

@@ -14,6 +14,7 @@
 #include "gguf/gguf.h"
 #include "model/forward.h"
 #include "model/model.h"
+#include "model/tensor_parallel.h"
 #include "text/tokenizer.h"
 
 namespace tern::runtime {
@@ -25,7 +26,10 @@ struct EngineOptions {
     // "cpu", "cuda", or "auto": cuda when this build has CUDA and a GPU
     // answers, else cpu. Engine::backend().name() says which was chosen.
     std::string backend = "auto";
-    int gpu = 0;           // device index for the cuda backend
+    int gpu = 0;           // device index for the cuda backend (the first, with tp > 1)
+    // Tensor-parallel ranks: with cuda, GPUs gpu .. gpu+tp-1 joined by NCCL;
+    // with cpu, tp CPU ranks in one process (threads divided among them).
+    int tp = 1;
     int threads = 0;       // CPU threads; 0 = all cores
     int n_ctx = 0;         // positions per sequence; 0 = the model's training context, capped at 4096
     int n_slots = 1;       // sequences held at once
@@ -54,9 +58,13 @@ public:
     const gguf::File& file() const { return *file_; }
     const model::Model& model() const { return model_; }
     const text::Tokenizer& tokenizer() const { return *tokenizer_; }
-    model::Forward& forward() { return *forward_; }
-    backend::Backend& backend() { return *backend_; }
-    const backend::Backend& backend() const { return *backend_; }
+    // The forward pass: over one backend, or over the tensor-parallel ranks.
+    model::Pass& forward() { return *forward_; }
+    // "cpu" or "cuda": the backend every rank runs.
+    const std::string& backend_name() const { return backend_name_; }
+    int tp() const { return tp_; }
+    // Device memory held over every rank (weights, KV cache, workspace); 0 on the CPU.
+    size_t device_bytes() const;
     const EngineOptions& options() const { return options_; }
     int n_ctx() const { return forward_->n_ctx(); }
     int n_vocab() const { return model_.hp.n_vocab; }
@@ -67,9 +75,12 @@ private:
     Engine() = default;
     EngineOptions options_;
     std::unique_ptr<gguf::File> file_;
-    std::unique_ptr<backend::Backend> backend_;
-    model::Model model_;
-    std::unique_ptr<model::Forward> forward_;
+    std::unique_ptr<backend::Backend> backend_;  // tp == 1; the ranks own theirs
+    std::string backend_name_;
+    int tp_ = 1;
+    model::Model model_;  // tp > 1: the whole model, described; the ranks hold shards
+    std::unique_ptr<model::Pass> forward_;
+    model::TpForward* tp_forward_ = nullptr;  // forward_, when tp > 1
     std::optional<text::Tokenizer> tokenizer_;
     std::string chat_template_;
 };

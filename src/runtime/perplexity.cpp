@@ -20,7 +20,7 @@ double token_nll(const float* logits, int n_vocab, int32_t target) {
 Result<PerplexityResult> compute_perplexity(Engine& engine, const std::vector<int32_t>& tokens,
                                             const PerplexityOptions& opt,
                                             const std::function<void(const PerplexityProgress&)>& on_chunk) {
-    model::Forward& fwd = engine.forward();
+    model::Pass& fwd = engine.forward();
     const int n_ctx = opt.n_ctx;
     const int n_vocab = engine.n_vocab();
     if (n_ctx < 4) return Error{"the perplexity context must be at least 4 tokens (got " + std::to_string(n_ctx) + ")"};

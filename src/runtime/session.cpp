@@ -26,7 +26,7 @@ const char* finish_reason_name(FinishReason r) {
 Session::Session(Engine& engine, int slot) : engine_(engine), slot_(slot) {}
 
 Result<std::vector<float>> Session::feed(const std::vector<int32_t>& tokens) {
-    model::Forward& fwd = engine_.forward();
+    model::Pass& fwd = engine_.forward();
     if (tokens.empty()) return Error{"nothing to evaluate"};
     if (cached_.size() + tokens.size() > size_t(fwd.n_ctx()))
         return Error{"context full: " + std::to_string(cached_.size() + tokens.size()) + " tokens do not fit in " +

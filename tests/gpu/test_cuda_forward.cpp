@@ -42,6 +42,7 @@
 #include "backend/backend.h"
 #include "gguf/gguf.h"
 #include "gpu_test_util.h"
+#include "sequence.h"
 #include "model/forward.h"
 #include "model/model.h"
 #include "model/synth.h"
@@ -62,6 +63,8 @@ constexpr double kMinTop1 = 0.99;      // share of counted positions whose argma
 constexpr int kPrompt = 40, kDecode = 24;
 
 using test::run_seed;
+using gpu_test::argmax;
+using gpu_test::run_sequence;
 
 // ---- synthetic models -------------------------------------------------------------
 
@@ -105,30 +108,6 @@ struct Runner {
 };
 
 // ---- running sequences --------------------------------------------------------------
-
-size_t argmax(const float* v, size_t n) { return size_t(std::max_element(v, v + n) - v); }
-
-// Prefills `prompt` into `slot` with logits for every position, then decodes
-// n_decode tokens one per call: follow[i] when given, else the argmax of the
-// previous row (appended to follow). Appends prompt.size() + n_decode rows.
-void run_sequence(model::Forward& f, int slot, const std::vector<int32_t>& prompt, int n_decode,
-                  std::vector<int32_t>& follow, size_t nv, std::vector<float>& rows) {
-    model::Batch b;
-    for (size_t i = 0; i < prompt.size(); ++i) b.add(prompt[i], int32_t(i), slot, true);
-    std::vector<float> out;
-    const Status st = f.run(b, out);
-    ASSERT_TRUE(st.ok()) << st.message();
-    rows.insert(rows.end(), out.begin(), out.end());
-    const bool choose = follow.empty();
-    for (int i = 0; i < n_decode; ++i) {
-        if (choose) follow.push_back(int32_t(argmax(rows.data() + rows.size() - nv, nv)));
-        model::Batch one;
-        one.add(follow[size_t(i)], int32_t(prompt.size()) + i, slot, true);
-        const Status s = f.run(one, out);
-        ASSERT_TRUE(s.ok()) << s.message();
-        rows.insert(rows.end(), out.begin(), out.end());
-    }
-}
 
 // Every token alone, one call each; one row per token.
 void run_one_by_one(model::Forward& f, int slot, const std::vector<int32_t>& tokens, std::vector<float>& rows) {
@@ -485,7 +464,7 @@ TEST_F(CudaModel, RealModelMatchesCpuAndTheRecordedGreedyContinuations) {
     o.backend = "cuda";
     auto gpu = runtime::Engine::open(path, o);
     ASSERT_TRUE(gpu.ok()) << "cuda: " << gpu.error().message;
-    ASSERT_EQ((*gpu)->backend().name(), "cuda");
+    ASSERT_EQ((*gpu)->backend_name(), "cuda");
     const size_t nv = size_t((*cpu)->n_vocab());
 
     // CPU vs GPU logits over a 64-token prompt.

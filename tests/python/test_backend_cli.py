@@ -210,6 +210,48 @@ def test_bench_reports_backend_and_gpu_memory(model):
         assert re.fullmatch(r"[\d.]+ MiB", cells[4]) and float(cells[4].split()[0]) > 0, first
 
 
+@pytest.mark.parametrize("cmd", MODEL_COMMANDS)
+def test_help_lists_tp(cmd):
+    r = tern(cmd, "--help")
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"--tp INT +Tensor parallelism", r.stdout), r.stdout
+
+
+@pytest.mark.parametrize("cmd", MODEL_COMMANDS)
+def test_cpu_ranks_run_every_command(cmd, model, text_file):
+    # The tiny model has 2 KV heads: two CPU ranks take one each.
+    args = command_args(cmd, model, text_file)
+    if cmd == "serve":
+        pytest.skip("serve runs until stopped; its --tp path is the Engine's, exercised by the other commands")
+    r = tern(*args, "--backend", "cpu", "--tp", 2, "-v")
+    assert r.returncode == 0, r.stderr
+    assert "backend CPU, tensor parallel over 2 ranks" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("value, needle", [
+    ("0", "--tp must be between 1 and 64 (got 0)"),
+    ("65", "--tp must be between 1 and 64 (got 65)"),
+    ("3", "n_head_kv = 2 KV heads cannot be divided evenly over 3 ranks"),
+    ("two", "--tp: 'two' is not an integer"),
+])
+def test_bad_tp_names_the_problem(value, needle, model, text_file):
+    cmd = RNG.choice([c for c in MODEL_COMMANDS if c != "serve"])
+    r = tern(*command_args(cmd, model, text_file), "--backend", "cpu", "--tp", value)
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert f"tern {cmd}: error:" in r.stderr and needle in r.stderr, r.stderr
+    assert r.stdout.strip() == "", r.stdout
+
+
+def test_bench_reports_tp(model):
+    r = tern("bench", "-m", model, "-t", 2, "-p", 8, "-n", 2, "-r", 1, "-o", "json", "--backend", "cpu", "--tp", 2)
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert [row["test"] for row in rows] == ["pp8", "tg2"]
+    for row in rows:
+        assert row["backend"] == "CPU tp=2" and row["tp"] == 2 and row["gpu_mem_mib"] == 0, row
+        assert row["avg_ts"] > 0, row
+
+
 def test_bench_json_on_the_default_backend(model):
     r = tern("bench", "-m", model, "-t", 1, "-p", 4, "-n", 0, "-r", 1, "-o", "json")
     assert r.returncode == 0, r.stderr

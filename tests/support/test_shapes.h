@@ -3,6 +3,7 @@
 // attention, widths that K-quants can split).
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "model/synth.h"
@@ -22,6 +23,20 @@ inline model::SynthShape shape_named(const std::string& name) {
     s.tied_output = true;
     s.tokenizer = model::SynthTokenizer::Gpt2Bpe;
     s.bpe_pre = "qwen2";
+    return s;
+}
+
+// A two-layer llama with a 1024-token vocabulary and the given widths (the
+// tensor-parallel tests pick widths that divide over their ranks).
+inline model::SynthShape llama_shape(int64_t n_embd, int64_t n_head, int64_t n_head_kv, int64_t n_ff) {
+    model::SynthShape s = *model::synth_preset("tiny");
+    s.preset = "custom";
+    s.n_embd = n_embd;
+    s.n_head = n_head;
+    s.n_head_kv = n_head_kv;
+    s.n_ff = n_ff;
+    s.n_layer = 2;
+    s.n_vocab = 1024;
     return s;
 }
 

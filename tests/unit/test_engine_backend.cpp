@@ -19,6 +19,7 @@
 #include "gguf/gguf.h"
 #include "model/model.h"
 #include "model/synth.h"
+#include "quant/quant.h"
 #include "runtime/engine.h"
 
 namespace tern {
@@ -112,9 +113,9 @@ public:
     std::vector<std::pair<std::string, size_t>> registered;  // name, bytes
 
     std::string name() const override { return "recording"; }
-    Result<backend::Weight> register_weight(const gguf::TensorInfo& t) override {
-        registered.emplace_back(t.name, size_t(t.n_bytes));
-        return cpu_->register_weight(t);
+    Result<backend::Weight> register_weight(const backend::Weight& w) override {
+        registered.emplace_back(w.name, size_t(w.rows) * quant::row_bytes(w.type, w.cols));
+        return cpu_->register_weight(w);
     }
     Result<backend::Tensor> alloc(int64_t rows, int64_t cols) override { return cpu_->alloc(rows, cols); }
     Status init_kv_cache(const backend::KvCacheShape& s) override { return cpu_->init_kv_cache(s); }
@@ -142,6 +143,7 @@ public:
     void gather_rows(backend::Tensor x, const std::vector<int32_t>& rows, backend::Tensor out) override {
         cpu_->gather_rows(x, rows, out);
     }
+    void all_reduce_sum(backend::Tensor x) override { cpu_->all_reduce_sum(x); }
     void synchronize() override { cpu_->synchronize(); }
     Status take_error() override { return cpu_->take_error(); }
 
@@ -286,8 +288,8 @@ TEST_F(EngineBackend, CpuDrawsNoLoadProgress) {
     o.load_progress = [&](size_t, size_t) { ++reports; };
     auto e = runtime::Engine::open(file_->path, o);
     ASSERT_TRUE(e.ok()) << e.error().message;
-    EXPECT_EQ((*e)->backend().name(), "cpu");
-    EXPECT_EQ((*e)->backend().device_bytes(), 0u);
+    EXPECT_EQ((*e)->backend_name(), "cpu");
+    EXPECT_EQ((*e)->device_bytes(), 0u);
     EXPECT_EQ(reports, 0);
 }
 
@@ -302,14 +304,14 @@ TEST_F(EngineBackend, AutoPicksWhatTheMachineOffers) {
     o.load_progress = [&](size_t done, size_t total) { reports.emplace_back(done, total); };
     auto e = runtime::Engine::open(file_->path, o);
     ASSERT_TRUE(e.ok()) << e.error().message;
-    EXPECT_EQ(lower((*e)->backend().name()), *expected);
+    EXPECT_EQ(lower((*e)->backend_name()), *expected);
     if (*expected == "cpu") {
         EXPECT_TRUE(reports.empty());
     } else {
         // On a GPU: weights copied, reported as they go, and held on the device.
         ASSERT_FALSE(reports.empty());
         EXPECT_EQ(reports.back().first, reports.back().second);
-        EXPECT_GE((*e)->backend().device_bytes(), reports.back().second);
+        EXPECT_GE((*e)->device_bytes(), reports.back().second);
     }
 }
 

@@ -3,7 +3,8 @@
 // on block boundaries, clear errors when a model cannot be divided), the
 // zero-copy weight views, and the simulated tensor-parallel forward, which must
 // give the unsharded forward's logits over a prefill and decode steps, for
-// float and quantized files, GQA llama and qwen2 with biases.
+// float and quantized files, GQA llama and qwen2 with biases; and the Engine
+// with --tp on the CPU backend (the path `tern run --backend cpu --tp N` takes).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -23,6 +24,8 @@
 #include "model/synth.h"
 #include "model/tensor_parallel.h"
 #include "quant/quant.h"
+#include "runtime/engine.h"
+#include "tests/support/test_shapes.h"
 
 namespace {
 
@@ -236,20 +239,8 @@ TEST(TensorParallelViews, RowAndColumnSlicesReadTheRightBlocks) {
 
 // ---- the simulated tensor-parallel forward against the unsharded one ----
 
-model::SynthShape llama_shape(int64_t n_embd, int64_t n_head, int64_t n_head_kv, int64_t n_ff) {
-    model::SynthShape s = *model::synth_preset("tiny");
-    s.preset = "custom";
-    s.n_embd = n_embd;
-    s.n_head = n_head;
-    s.n_head_kv = n_head_kv;
-    s.n_ff = n_ff;
-    s.n_layer = 2;
-    s.n_vocab = 1024;
-    return s;
-}
-
 model::SynthShape qwen2_shape() {
-    model::SynthShape s = llama_shape(256, 4, 2, 512);
+    model::SynthShape s = test::llama_shape(256, 4, 2, 512);
     s.arch = "qwen2";
     s.tied_output = true;
     s.tokenizer = model::SynthTokenizer::Gpt2Bpe;
@@ -314,9 +305,9 @@ std::vector<std::vector<float>> run_sequence(const RunFn& run, const std::vector
     return rows;
 }
 
-class VirtualTp : public ::testing::TestWithParam<TpCase> {};
+class CpuTp : public ::testing::TestWithParam<TpCase> {};
 
-TEST_P(VirtualTp, EqualsUnshardedForward) {
+TEST_P(CpuTp, EqualsUnshardedForward) {
     const TpCase& c = GetParam();
     const uint64_t seed = fresh_seed();
     SCOPED_TRACE(std::string(c.name) + " seed " + std::to_string(seed));
@@ -351,7 +342,7 @@ TEST_P(VirtualTp, EqualsUnshardedForward) {
 
     for (int n_ranks : c.rank_counts) {
         SCOPED_TRACE("TP=" + std::to_string(n_ranks));
-        auto tp = model::VirtualTpForward::create(*m, n_ranks, kPrompt, 1, 64);
+        auto tp = model::make_cpu_tensor_parallel(*m, n_ranks, kPrompt, 1, 64);
         ASSERT_TRUE(tp.ok()) << tp.error().message;
         const auto got = run_sequence([&](const model::Batch& b, std::vector<float>& l) { return (*tp)->run(b, l); },
                                       tokens, nv, nullptr);
@@ -388,16 +379,16 @@ TEST_P(VirtualTp, EqualsUnshardedForward) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    Models, VirtualTp,
+    Models, CpuTp,
     ::testing::Values(
         // MHA llama; Q8_0 at TP=4 splits Wo at one 64-wide head, two 32-blocks.
-        TpCase{"llama_f32", llama_shape(256, 4, 4, 1024), quant::FileType::ALL_F32, {2, 4}, kFloatTol},
-        TpCase{"llama_q8_0", llama_shape(256, 4, 4, 1024), quant::FileType::Q8_0, {2, 4}, kQuantTol},
+        TpCase{"llama_f32", test::llama_shape(256, 4, 4, 1024), quant::FileType::ALL_F32, {2, 4}, kFloatTol},
+        TpCase{"llama_q8_0", test::llama_shape(256, 4, 4, 1024), quant::FileType::Q8_0, {2, 4}, kQuantTol},
         // GQA (2 query heads per KV head); K-quant splits need 256-element shares:
         // 4 ranks x 2 heads x 128 = Wo's 1024 columns, n_ff 1024 = 4 x 256.
-        TpCase{"llama_gqa_f16", llama_shape(1024, 8, 4, 1024), quant::FileType::F16, {2, 4}, kFloatTol},
-        TpCase{"llama_gqa_q4_k_m", llama_shape(1024, 8, 4, 1024), quant::FileType::Q4_K_M, {2, 4}, kQuantTol},
-        TpCase{"llama_gqa_q6_k", llama_shape(1024, 8, 4, 1024), quant::FileType::Q6_K, {2, 4}, kQuantTol},
+        TpCase{"llama_gqa_f16", test::llama_shape(1024, 8, 4, 1024), quant::FileType::F16, {2, 4}, kFloatTol},
+        TpCase{"llama_gqa_q4_k_m", test::llama_shape(1024, 8, 4, 1024), quant::FileType::Q4_K_M, {2, 4}, kQuantTol},
+        TpCase{"llama_gqa_q6_k", test::llama_shape(1024, 8, 4, 1024), quant::FileType::Q6_K, {2, 4}, kQuantTol},
         // qwen2: q/k/v biases shard with their rows; tied output (the embedding's rows).
         TpCase{"qwen2_f32", qwen2_shape(), quant::FileType::ALL_F32, {2}, kFloatTol},
         TpCase{"qwen2_q8_0", qwen2_shape(), quant::FileType::Q8_0, {2}, kQuantTol}),
@@ -405,9 +396,9 @@ INSTANTIATE_TEST_SUITE_P(
 
 // A batch one rank rejects ends the call on every rank with that error (no
 // rank is left waiting for the others' partials), and the next batch runs.
-TEST(VirtualTpForward, ErrorsReachTheCallerAndLeaveTheRanksUsable) {
+TEST(CpuTensorParallel, ErrorsReachTheCallerAndLeaveTheRanksUsable) {
     model::SynthOptions o;
-    o.shape = llama_shape(256, 4, 2, 512);
+    o.shape = test::llama_shape(256, 4, 2, 512);
     o.ftype = quant::FileType::Q8_0;
     o.seed = fresh_seed();
     const std::string path = (std::filesystem::temp_directory_path() /
@@ -418,11 +409,11 @@ TEST(VirtualTpForward, ErrorsReachTheCallerAndLeaveTheRanksUsable) {
     auto be = backend::make_cpu_backend(1);
     auto m = model::load_model(**file, *be);
     ASSERT_TRUE(m.ok());
-    auto bad = model::VirtualTpForward::create(*m, 4, 4, 1, 8);
+    auto bad = model::make_cpu_tensor_parallel(*m, 4, 4, 1, 8);
     ASSERT_FALSE(bad.ok());
     EXPECT_NE(bad.error().message.find("n_head_kv = 2"), std::string::npos) << bad.error().message;
 
-    auto tp = model::VirtualTpForward::create(*m, 2, 4, 1, 8);
+    auto tp = model::make_cpu_tensor_parallel(*m, 2, 4, 1, 8);
     ASSERT_TRUE(tp.ok()) << tp.error().message;
     std::vector<float> logits;
     model::Batch b;
@@ -435,6 +426,62 @@ TEST(VirtualTpForward, ErrorsReachTheCallerAndLeaveTheRanksUsable) {
     const Status ok = (*tp)->run(b, logits);
     ASSERT_TRUE(ok.ok()) << ok.message();
     EXPECT_EQ(logits.size(), size_t(m->hp.n_vocab));
+    std::filesystem::remove(path);
+}
+
+// The Engine's --tp on the CPU: the same weights over two ranks give one
+// rank's logits within the quantized tolerance, report the backend and rank
+// count, and a size that cannot divide the model is an error naming why.
+TEST(CpuTensorParallel, EngineRunsRanksAndRefusesWhatCannotSplit) {
+    model::SynthOptions o;
+    o.shape = test::llama_shape(256, 4, 2, 512);
+    o.ftype = quant::FileType::Q8_0;
+    o.seed = fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(o.seed));
+    const std::string path = (std::filesystem::temp_directory_path() /
+                              ("tern-tp-engine-" + std::to_string(o.seed) + ".gguf")).string();
+    ASSERT_TRUE(model::write_synth_model(path, o).ok());
+    runtime::EngineOptions eo;
+    eo.backend = "cpu";
+    eo.threads = 2;
+    eo.n_ctx = 32;
+    auto one = runtime::Engine::open(path, eo);
+    ASSERT_TRUE(one.ok()) << one.error().message;
+    eo.tp = 2;
+    auto two = runtime::Engine::open(path, eo);
+    ASSERT_TRUE(two.ok()) << two.error().message;
+    EXPECT_EQ((*two)->tp(), 2);
+    EXPECT_EQ((*two)->backend_name(), "cpu");
+    EXPECT_EQ((*two)->device_bytes(), 0u);
+    EXPECT_EQ((*two)->n_ctx(), 32);
+
+    std::mt19937_64 rng(o.seed);
+    model::Batch b;
+    for (int i = 0; i < 12; ++i) b.add(int32_t(rng() % uint64_t(o.shape.n_vocab)), i, 0, true);
+    std::vector<float> want, got;
+    ASSERT_TRUE((*one)->forward().run(b, want).ok());
+    ASSERT_TRUE((*two)->forward().run(b, got).ok());
+    ASSERT_EQ(got.size(), want.size());
+    const size_t nv = size_t(o.shape.n_vocab);
+    for (size_t p = 0; p < want.size() / nv; ++p) {
+        double peak = 0, diff = 0;
+        for (size_t j = 0; j < nv; ++j) {
+            peak = std::max(peak, std::fabs(double(want[p * nv + j])));
+            diff = std::max(diff, std::fabs(double(got[p * nv + j]) - want[p * nv + j]));
+        }
+        EXPECT_LE(diff, kQuantTol * peak) << "position " << p;
+    }
+
+    eo.tp = 4;  // 2 KV heads over 4 ranks
+    auto four = runtime::Engine::open(path, eo);
+    ASSERT_FALSE(four.ok());
+    EXPECT_NE(four.error().message.find("n_head_kv = 2 KV heads cannot be divided evenly over 4 ranks"),
+              std::string::npos)
+        << four.error().message;
+    eo.tp = 0;
+    auto none = runtime::Engine::open(path, eo);
+    ASSERT_FALSE(none.ok());
+    EXPECT_NE(none.error().message.find("between 1 and 64"), std::string::npos) << none.error().message;
     std::filesystem::remove(path);
 }
 

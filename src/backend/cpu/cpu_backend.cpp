@@ -11,6 +11,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/ops.h"
+#include "backend/host_group.h"
 #include "base/fp16.h"
 #include "quant/act_quant.h"
 #include "quant/dot.h"
@@ -21,21 +22,22 @@ namespace {
 
 class CpuBackend final : public Backend {
 public:
-    explicit CpuBackend(int threads) : threads_(threads > 0 ? threads : omp_get_num_procs()) {
+    CpuBackend(int threads, std::shared_ptr<CommGroup> group, int rank)
+        : threads_(threads > 0 ? threads : omp_get_num_procs()), group_(std::move(group)), rank_(rank) {
         omp_set_num_threads(threads_);
     }
 
     std::string name() const override { return "cpu"; }
 
-    Result<Weight> register_weight(const gguf::TensorInfo& t) override {
-        auto described = describe_weight(t);
-        if (!described.ok()) return described.error();
-        Weight w = std::move(*described);
+    // Weights are read in place; views need nothing more than their stride.
+    Result<Weight> register_weight(const Weight& described) override {
+        Weight w = described;
+        w.impl = nullptr;
         if (w.type != TensorType::F32 && w.rows == 1) {
             // 1-D parameters (norm scales, biases) are used as f32 by every op.
             auto& f = small_f32_.emplace_back(size_t(w.cols));
-            if (Status s = quant::dequantize_row(w.type, t.data, f.data(), w.cols); !s.ok())
-                return Error{"tensor '" + t.name + "': " + s.message()};
+            if (Status s = quant::dequantize_row(w.type, w.host, f.data(), w.cols); !s.ok())
+                return Error{"tensor '" + w.name + "': " + s.message()};
             w.impl = f.data();
         }
         return w;
@@ -164,6 +166,16 @@ public:
             std::memmove(out.row(int64_t(i)), x.row(rows[i]), size_t(x.cols) * sizeof(float));
     }
 
+    void all_reduce_sum(Tensor x) override {
+        auto* host = dynamic_cast<HostGroup*>(group_.get());
+        if (!host) return note(Error{"cpu: all_reduce_sum needs a host group (this backend " +
+                                     std::string(group_ ? "is in a " + group_->kind() + " group)" : "has none)")});
+        if (Status s = host->all_reduce_sum(rank_, x.data, size_t(x.rows * x.cols)); !s.ok()) {
+            group_->abandon(rank_);
+            note(s);
+        }
+    }
+
     void synchronize() override {}
 
     Status take_error() override {
@@ -195,6 +207,8 @@ private:
     }
 
     int threads_;
+    std::shared_ptr<CommGroup> group_;
+    int rank_ = 0;
     std::deque<std::vector<float>> buffers_;
     std::deque<std::vector<float>> small_f32_;
     std::vector<quant::block_q8a> shared_xq_;  // matmul_shared's quantized input
@@ -206,6 +220,8 @@ private:
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(int threads) { return std::make_unique<CpuBackend>(threads); }
+std::unique_ptr<Backend> make_cpu_backend(int threads, std::shared_ptr<CommGroup> group, int rank) {
+    return std::make_unique<CpuBackend>(threads, std::move(group), rank);
+}
 
 }  // namespace tern::backend

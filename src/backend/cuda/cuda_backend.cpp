@@ -25,6 +25,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/nccl_group.h"
 #include "backend/cuda/ops.h"
 #include "quant/quant.h"
 
@@ -42,13 +43,21 @@ struct DeviceWeight {
     cuda::DevWeight dev;          // 2-D weights used by matmul (data null until uploaded)
     const float* vec = nullptr;   // 1-D weights as f32 on the device
     const void* host = nullptr;   // the file's bytes, for lazy upload and the embedding
-    size_t file_bytes = 0;
+    size_t host_stride = 0;       // bytes between rows there (more than a row for a column view)
+    size_t file_bytes = 0;        // the rows' bytes, packed
     bool deferred = false;        // uploaded at first matmul use (the embedding table)
 };
 
 class CudaBackend final : public Backend {
 public:
-    static Result<std::unique_ptr<Backend>> create(int device) {
+    static Result<std::unique_ptr<Backend>> create(int device, std::shared_ptr<CommGroup> group, int rank) {
+        if (group) {
+            auto* nccl = dynamic_cast<NcclGroup*>(group.get());
+            if (!nccl) return Error{"cuda: a " + group->kind() + " group cannot join CUDA backends"};
+            if (rank < 0 || rank >= nccl->size() || nccl->device_of(rank) != device)
+                return Error{"cuda: rank " + std::to_string(rank) + " of the NCCL group is not GPU " +
+                             std::to_string(device)};
+        }
         int n = 0;
         if (cudaError_t e = cudaGetDeviceCount(&n); e != cudaSuccess) return cuda_failure("no usable GPU", e);
         if (device < 0 || device >= n)
@@ -62,6 +71,8 @@ public:
             return Error{"cuda: GPU " + std::to_string(device) + " (" + p.name + ") has compute capability " +
                          std::to_string(p.major) + "." + std::to_string(p.minor) + "; tern needs 8.0 or newer"};
         std::unique_ptr<CudaBackend> be(new CudaBackend(device));
+        be->group_ = std::move(group);
+        be->rank_ = rank;
         if (cudaError_t e = cudaStreamCreateWithFlags(&be->stream_, cudaStreamNonBlocking); e != cudaSuccess)
             return cuda_failure("cudaStreamCreate", e);
         const char* layout = std::getenv("TERN_CUDA_Q6K");
@@ -86,34 +97,39 @@ public:
 
     // ---- memory and registration ----------------------------------------------
 
-    Result<Weight> register_weight(const gguf::TensorInfo& t) override {
-        auto described = describe_weight(t);
-        if (!described.ok()) return described.error();
-        Weight w = std::move(*described);
+    // A view (some rows, or some columns of every row) is uploaded packed:
+    // on the device every matrix is whole rows, one after another.
+    Result<Weight> register_weight(const Weight& described) override {
+        Weight w = described;
+        const uint32_t type_id = uint32_t(w.type);
+        const size_t packed_row = quant::row_bytes(w.type, w.cols);
+        if (!w.host || packed_row == 0 || w.row_bytes < packed_row)
+            return Error{"cuda: weight '" + w.name + "' has no host bytes or a row stride shorter than its row"};
         DeviceWeight& d = weights_.emplace_back();
-        d.host = t.data;
-        d.file_bytes = w.row_bytes * size_t(w.rows);
+        d.host = w.host;
+        d.host_stride = w.row_bytes;
+        d.file_bytes = packed_row * size_t(w.rows);
         w.impl = &d;
         if (w.rows == 1) {
             // 1-D parameters (norm scales, biases, rope factors) are f32 on the device.
             std::vector<float> f(size_t(w.cols));
-            if (Status s = quant::dequantize_row(w.type, t.data, f.data(), w.cols); !s.ok())
-                return Error{"tensor '" + t.name + "': " + s.message()};
-            auto mem = device_alloc(f.size() * sizeof(float), t.name);
+            if (Status s = quant::dequantize_row(w.type, w.host, f.data(), w.cols); !s.ok())
+                return Error{"tensor '" + w.name + "': " + s.message()};
+            auto mem = device_alloc(f.size() * sizeof(float), w.name);
             if (!mem.ok()) return mem.error();
             if (cudaError_t e = copy_to_device(*mem, f.data(), f.size() * sizeof(float)); e != cudaSuccess)
-                return cuda_failure("uploading '" + t.name + "'", e);
+                return cuda_failure("uploading '" + w.name + "'", e);
             d.vec = static_cast<const float*>(*mem);
             return w;
         }
-        const auto wt = cuda::WType(t.type_id);
+        const auto wt = cuda::WType(type_id);
         const bool known = cuda::int_type(wt) || wt == cuda::WType::F32 || wt == cuda::WType::F16 ||
                            wt == cuda::WType::BF16;
         if (!known) {
             // The embedding table may be of any type: the lookup reads the file.
             // Any other matrix needs a kernel.
-            if (t.name != "token_embd.weight")
-                return Error{"cuda: tensor '" + t.name + "' has type " + tensor_type_name(t.type_id) +
+            if (w.name != "token_embd.weight")
+                return Error{"cuda: tensor '" + w.name + "' has type " + tensor_type_name(type_id) +
                              ", which has no CUDA matmul kernel (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, "
                              "Q5_1, Q8_0, Q4_K, Q5_K, Q6_K; use --backend cpu)"};
             d.dev.type = wt;
@@ -123,11 +139,11 @@ public:
         d.dev.type = wt;
         d.dev.rows = w.rows;
         d.dev.cols = w.cols;
-        d.dev.block_stride = int(tensor_type_info(t.type_id)->block_bytes);
-        d.dev.row_stride = int64_t(w.row_bytes);
+        d.dev.block_stride = int(tensor_type_info(type_id)->block_bytes);
+        d.dev.row_stride = int64_t(packed_row);
         // The embedding table is read on the host; it goes to the GPU only if
         // it is also the output matrix (tied embeddings), at first use.
-        if (t.name == "token_embd.weight") {
+        if (w.name == "token_embd.weight") {
             d.deferred = true;
             return w;
         }
@@ -322,6 +338,13 @@ public:
         launched("gather_rows");
     }
 
+    void all_reduce_sum(Tensor x) override {
+        auto* nccl = dynamic_cast<NcclGroup*>(group_.get());
+        if (!nccl) return note(Error{"cuda: all_reduce_sum on a backend that is not in an NCCL group"});
+        if (replaying_) return;  // the graph holds the collective
+        if (Status s = nccl->all_reduce_sum(rank_, x.data, size_t(x.rows * x.cols), stream_); !s.ok()) note(s);
+    }
+
     void synchronize() override {
         finish_step();
         check(cudaStreamSynchronize(stream_), "synchronize");
@@ -390,6 +413,14 @@ private:
         cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_);
         return e == cudaSuccess ? cudaStreamSynchronize(stream_) : e;
     }
+    // The same for a weight's rows, packed on the device.
+    cudaError_t copy_rows_to_device(void* dst, const DeviceWeight& d) {
+        const size_t row = d.file_bytes / size_t(d.dev.rows);
+        if (d.host_stride == row) return copy_to_device(dst, d.host, d.file_bytes);
+        cudaError_t e = cudaMemcpy2DAsync(dst, row, d.host, d.host_stride, row, size_t(d.dev.rows),
+                                          cudaMemcpyHostToDevice, stream_);
+        return e == cudaSuccess ? cudaStreamSynchronize(stream_) : e;
+    }
 
     Status upload_weight(const std::string& name, DeviceWeight& d) {
         const bool pad = d.dev.type == cuda::WType::Q6_K && pad_q6k_;
@@ -398,7 +429,7 @@ private:
         auto mem = device_alloc(bytes, "weight '" + name + "'");
         if (!mem.ok()) return Error{mem.error().message};
         if (!pad) {
-            if (cudaError_t e = copy_to_device(*mem, d.host, bytes); e != cudaSuccess)
+            if (cudaError_t e = copy_rows_to_device(*mem, d); e != cudaSuccess)
                 return cuda_failure("uploading '" + name + "'", e);
         } else {
             // Upload raw through a scratch buffer, repack on the device.
@@ -407,7 +438,7 @@ private:
                 cudaGetLastError();
                 return Error{"cuda: out of memory repacking '" + name + "' (" + mib(d.file_bytes) + ")"};
             }
-            cudaError_t e = copy_to_device(raw, d.host, d.file_bytes);
+            cudaError_t e = copy_rows_to_device(raw, d);
             if (e == cudaSuccess) {
                 cuda::pad_q6_K(static_cast<const uint8_t*>(raw), static_cast<uint8_t*>(*mem), blocks, stream_);
                 e = cudaGetLastError();
@@ -559,6 +590,8 @@ private:
     }
 
     int device_;
+    std::shared_ptr<CommGroup> group_;  // an NCCL group, for a tensor-parallel rank
+    int rank_ = 0;
     cudaStream_t stream_ = nullptr;
     bool pad_q6k_ = true;
     bool graphs_enabled_ = true;
@@ -593,6 +626,8 @@ private:
 
 }  // namespace
 
-Result<std::unique_ptr<Backend>> make_cuda_backend(int device) { return CudaBackend::create(device); }
+Result<std::unique_ptr<Backend>> make_cuda_backend(int device, std::shared_ptr<CommGroup> group, int rank) {
+    return CudaBackend::create(device, std::move(group), rank);
+}
 
 }  // namespace tern::backend
