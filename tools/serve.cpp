@@ -44,6 +44,8 @@ void run_serve(const ServeOptions& o, const CLI::App& cmd) {
     if (o.model.threads < 0) fail(kCmd, "--threads must be 0 (all cores) or more");
     if (o.model.ctx < 0) fail(kCmd, "--ctx must be 0 (the model's default) or more");
     if (o.model.gpu < 0) fail(kCmd, "--gpu must be 0 or more (got " + std::to_string(o.model.gpu) + ")");
+    if (o.model.tp < 1 || o.model.tp > 64)
+        fail(kCmd, "--tp must be between 1 and 64 (got " + std::to_string(o.model.tp) + ")");
     if (o.model.batch < o.parallel) fail(kCmd, "--batch must be at least --parallel (every sequence needs a token per step)");
     const std::string path = resolve_model_path(kCmd, o.model.model);
 
@@ -87,6 +89,7 @@ void run_serve(const ServeOptions& o, const CLI::App& cmd) {
     runtime::EngineOptions eo;
     eo.backend = o.model.backend;
     eo.gpu = o.model.gpu;
+    eo.tp = o.model.tp;
     eo.load_progress = load_progress_bar();
     eo.threads = o.model.threads;
     eo.n_ctx = o.model.ctx;
@@ -121,8 +124,9 @@ void run_serve(const ServeOptions& o, const CLI::App& cmd) {
         if (!stop_requested)
             srv.attach(*engine, scheduler, std::move(prompts), std::filesystem::path(path).stem().string());
     }
-    std::fprintf(stderr, "tern serve: model loaded on %s (%d sequences of %d tokens)\n",
-                 backend_display_name(*engine).c_str(), o.parallel, engine->n_ctx());
+    const std::string ranks = engine->tp() > 1 ? ", tensor parallel over " + std::to_string(engine->tp()) + " ranks" : "";
+    std::fprintf(stderr, "tern serve: model loaded on %s (%d sequences of %d tokens%s)\n",
+                 backend_display_name(*engine).c_str(), o.parallel, engine->n_ctx(), ranks.c_str());
     finish();
     scheduler.shutdown();
     std::fprintf(stderr, "tern serve: stopped\n");

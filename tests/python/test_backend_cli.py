@@ -12,6 +12,7 @@ import os
 import pty
 import random
 import re
+import signal
 import subprocess
 from pathlib import Path
 
@@ -220,10 +221,24 @@ def test_help_lists_tp(cmd):
 @pytest.mark.parametrize("cmd", MODEL_COMMANDS)
 def test_cpu_ranks_run_every_command(cmd, model, text_file):
     # The tiny model has 2 KV heads: two CPU ranks take one each.
-    args = command_args(cmd, model, text_file)
+    args = [*command_args(cmd, model, text_file), "--backend", "cpu", "--tp", 2]
     if cmd == "serve":
-        pytest.skip("serve runs until stopped; its --tp path is the Engine's, exercised by the other commands")
-    r = tern(*args, "--backend", "cpu", "--tp", 2, "-v")
+        # Runs until stopped: wait for the model to load on both ranks, then stop it.
+        p = subprocess.Popen([str(TERN), *map(str, args)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+        try:
+            lines = []
+            for line in p.stderr:
+                lines.append(line)
+                if "model loaded" in line or "error" in line:
+                    break
+            assert any("model loaded on CPU" in l and "tensor parallel over 2 ranks" in l for l in lines), lines
+        finally:
+            p.send_signal(signal.SIGTERM)
+            p.wait(timeout=TIMEOUT)
+        assert p.returncode == 0, p.returncode
+        return
+    r = tern(*args, "-v")
     assert r.returncode == 0, r.stderr
     assert "backend CPU, tensor parallel over 2 ranks" in r.stderr, r.stderr
 
