@@ -110,8 +110,19 @@ float sum_terms_chunked(const float* terms, int64_t n_blocks) {
     return r;
 }
 
+Status dot_block_terms_fused(TensorType type, const void* w_row, const block_q8a* a, int64_t k, float* terms) {
+    const detail::DotTermsFn fn = detail::block_terms_fused_scalar(type);
+    if (!fn) return Error{"dot_block_terms_fused: type " + tensor_type_name(uint32_t(type)) + " has no integer dot product"};
+    const auto info = tensor_type_info(uint32_t(type));
+    if (k < 0 || k % int64_t(info->block_elems) != 0)
+        return Error{"dot_block_terms_fused: row length " + std::to_string(k) + " is not a whole number of " +
+                     tensor_type_name(uint32_t(type)) + " blocks (" + std::to_string(info->block_elems) + " elements)"};
+    fn(w_row, a, k, terms);
+    return {};
+}
+
 float dot_row_chunked(TensorType type, const void* w_row, const block_q8a* a, int64_t k) {
-    const detail::DotTermsFn fn = detail::block_terms_scalar(type);
+    const detail::DotTermsFn fn = detail::block_terms_fused_scalar(type);
     const auto info = tensor_type_info(uint32_t(type));
     if (!fn || k < 0 || k % int64_t(info->block_elems) != 0) return std::numeric_limits<float>::quiet_NaN();
     // One chunk (256 elements: eight legacy blocks or one super-block) at a

@@ -99,13 +99,19 @@ DotFloatTokensFn dot_float_tokens_kernel(TensorType type, SimdPath path);
 // number of the type's blocks.
 Status dot_block_terms(TensorType type, const void* w_row, const block_q8a* a, int64_t k, float* terms);
 
+// The terms the CUDA kernels form: dot_block_terms' for every type except
+// q4_K and q5_K, whose terms take the fused form (dot_internal.h
+// term_min_fused: per-block products and one fused multiply-add, cheaper on
+// a GPU, rounded differently from the CPU kernels' term). Same errors.
+Status dot_block_terms_fused(TensorType type, const void* w_row, const block_q8a* a, int64_t k, float* terms);
+
 // The chunked order: blocks go eight at a time (the last chunk may be
 // shorter); a chunk sums as c = t_8i, c = c + t_8i+1, ... left to right; the
 // result starts at +0.0f and adds c_0, c_1, ... in order.
 float sum_terms_chunked(const float* terms, int64_t n_blocks);
 
-// sum_terms_chunked over dot_block_terms of the row; NaN where
-// dot_block_terms would return an error.
+// sum_terms_chunked over dot_block_terms_fused of the row: the CUDA
+// kernels' result, bit for bit. NaN where dot_block_terms would return an error.
 float dot_row_chunked(TensorType type, const void* w_row, const block_q8a* a, int64_t k);
 
 }  // namespace tern::quant

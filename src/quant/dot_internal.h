@@ -8,6 +8,7 @@
 // for the scalar path. Internal linkage keeps each file's copy its own.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -43,6 +44,9 @@ const PathKernels* path_kernels_avx512();  // likewise
 // integer type; nullptr for other types). dot_block_terms() is its public face.
 using DotTermsFn = void (*)(const void* w_row, const block_q8a* a, int64_t k, float* terms);
 DotTermsFn block_terms_scalar(TensorType type);
+// The same with q4_K and q5_K terms in the fused form (term_min_fused), the
+// terms the CUDA kernels form; other types as block_terms_scalar.
+DotTermsFn block_terms_fused_scalar(TensorType type);
 
 // The scalar activation quantizer (act_quant.cpp), the reference the SIMD
 // quantizers reproduce bit for bit.
@@ -86,6 +90,20 @@ static inline float term_min(float d, float dmin, float da, int32_t w_sum, int32
     const float p = (d * da) * float(w_sum);
     const float q = (dmin * da) * float(x_sum);
     return p - q;
+}
+
+// q4_K, q5_K as the CUDA kernels form them: the block's raw sum s (q in
+// 0..15 or 0..31 times the activations), its 6-bit scale sc and min mn
+// applied in float through per-block products, and one fused multiply-add:
+//     fma(-(dmin * mn), da * S, ((d * sc) * da) * s)
+// where S is the activation block's sum. Each product is rounded; the fma
+// rounds once. On a GPU the products d*sc, dmin*mn and da*S are made once per
+// block of the staged tile, leaving five instructions per output instead of
+// eleven (docs/perf/LOG.md). Not the CPU kernels' term_min: a different
+// rounding of the same value.
+static inline float term_min_fused(float d, float dmin, int32_t sc, int32_t mn, float da, int32_t s, int32_t S) {
+    const float p = ((d * float(sc)) * da) * float(s);
+    return std::fma(-(dmin * float(mn)), da * float(S), p);
 }
 
 // Float rows: element k is added (as a product, never fused) into lane k % 16

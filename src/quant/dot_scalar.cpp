@@ -2,8 +2,9 @@
 // each block's exact integer sums and combine them in the documented float
 // order (dot_internal.h). The SIMD paths must return the same bits. Built
 // with -ffp-contract=off so no compiler may fuse a multiply into an add.
-// The per-block float terms are also exported on their own (block_terms_scalar)
-// so that other summation orders, the CUDA kernels' among them, have a CPU twin.
+// The per-block float terms are also exported on their own (block_terms_scalar,
+// and block_terms_fused_scalar for the CUDA kernels' form of them) so that other
+// summation orders, the CUDA kernels' among them, have a CPU twin.
 #include "base/fp16.h"
 #include "quant/dot_internal.h"
 
@@ -177,15 +178,15 @@ struct Q3_K {
 
 struct Q4_K {
     using Block = block_q4_K;
+    // Element l of 32-element block j: 0..15.
+    static int q(const Block& w, int j, int l) { return (w.qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0xF; }
     // A = sc(j) * sum q(e) * a(e), X = m(j) * sum a(e); sc, m per 32 elements.
     static void sums(const Block& w, const block_q8a* a, int32_t* A, int32_t* X) {
         uint8_t sc[8], mn[8];
         unpack_k4_scales(w.scales, sc, mn);
         for (int j = 0; j < 8; ++j) {
-            const uint8_t* q = w.qs + 32 * (j / 2);
-            const int shift = 4 * (j % 2);
             int32_t s = 0;
-            for (int l = 0; l < 32; ++l) s += ((q[l] >> shift) & 0xF) * a[j].qs[l];
+            for (int l = 0; l < 32; ++l) s += q(w, j, l) * a[j].qs[l];
             A[j] = sc[j] * s;
             X[j] = mn[j] * a[j].sum;
         }
@@ -198,17 +199,15 @@ struct Q4_K {
 struct Q5_K {
     using Block = block_q5_K;
     // As q4_K with q in 0..31; the fifth bit of block j's element l is bit j of qh[l].
+    static int q(const Block& w, int j, int l) {
+        return ((w.qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0xF) | ((w.qh[l] >> j) & 1) << 4;
+    }
     static void sums(const Block& w, const block_q8a* a, int32_t* A, int32_t* X) {
         uint8_t sc[8], mn[8];
         unpack_k4_scales(w.scales, sc, mn);
         for (int j = 0; j < 8; ++j) {
-            const uint8_t* q = w.qs + 32 * (j / 2);
-            const int shift = 4 * (j % 2);
             int32_t s = 0;
-            for (int l = 0; l < 32; ++l) {
-                const int v = ((q[l] >> shift) & 0xF) | ((w.qh[l] >> j) & 1) << 4;
-                s += v * a[j].qs[l];
-            }
+            for (int l = 0; l < 32; ++l) s += q(w, j, l) * a[j].qs[l];
             A[j] = sc[j] * s;
             X[j] = mn[j] * a[j].sum;
         }
@@ -266,6 +265,23 @@ template <class T>
 void terms_kquant(const void* wv, const block_q8a* a, int64_t k, float* terms) {
     const auto* w = static_cast<const typename T::Block*>(wv);
     for (int64_t i = 0; i < k / QK_K; ++i) kquant_terms<T>(w[i], a + 8 * i, terms + 8 * i);
+}
+
+// q4_K and q5_K in the fused form (term_min_fused): the raw sum of each
+// block, with its scale and min applied in float.
+template <class T>
+void terms_fused_kquant(const void* wv, const block_q8a* a, int64_t k, float* terms) {
+    const auto* w = static_cast<const typename T::Block*>(wv);
+    for (int64_t i = 0; i < k / QK_K; ++i) {
+        uint8_t sc[8], mn[8];
+        unpack_k4_scales(w[i].scales, sc, mn);
+        for (int j = 0; j < 8; ++j) {
+            const block_q8a& aj = a[8 * i + j];
+            int32_t s = 0;
+            for (int l = 0; l < 32; ++l) s += T::q(w[i], j, l) * aj.qs[l];
+            terms[8 * i + j] = term_min_fused(half(w[i].d), half(w[i].dmin), sc[j], mn[j], aj.d, s, aj.sum);
+        }
+    }
 }
 
 template <class T>
@@ -364,6 +380,14 @@ DotTermsFn block_terms_scalar(TensorType type) {
     case TensorType::Q5_K: return terms_kquant<Q5_K>;
     case TensorType::Q6_K: return terms_kquant<Q6_K>;
     default: return nullptr;
+    }
+}
+
+DotTermsFn block_terms_fused_scalar(TensorType type) {
+    switch (type) {
+    case TensorType::Q4_K: return terms_fused_kquant<Q4_K>;
+    case TensorType::Q5_K: return terms_fused_kquant<Q5_K>;
+    default: return block_terms_scalar(type);
     }
 }
 

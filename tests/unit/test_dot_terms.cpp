@@ -1,10 +1,13 @@
-// quant::dot_block_terms / sum_terms_chunked / dot_row_chunked: the CPU twin
+// quant::dot_block_terms(_fused) / sum_terms_chunked / dot_row_chunked: the CPU twin
 // of the CUDA kernels' summation order.
 //  - the per-block terms, folded in the CPU kernels' eight-lane order, give the
 //    dot kernel's bits on every path, for every integer type (so the terms are
 //    the kernels' own terms, not a recomputation that merely agrees);
+//  - the fused terms (the CUDA kernels'): the same bits as the kernels' terms
+//    for every type but q4_K/q5_K, whose fused terms are within 8 ulp of the
+//    block's magnitude (sum |w a|) of the kernels' terms;
 //  - dot_row_chunked (chunk by chunk, no buffer) equals sum_terms_chunked of
-//    the whole row's terms bit for bit, ragged legacy rows included;
+//    the whole row's fused terms bit for bit, ragged legacy rows included;
 //  - sum_terms_chunked follows the documented order on hand-made terms where
 //    the order changes the result, and on random terms;
 //  - types without an integer kernel and ragged K-quant rows are errors.
@@ -12,10 +15,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 
+#include "base/fp16.h"
 #include "dot_test_util.h"
+#include "quant/kquant_scales.h"
 
 namespace {
 
@@ -69,9 +75,36 @@ TEST(DotTerms, LaneFoldOfTermsIsTheDotKernel) {
                 }
                 const float chunked = sum_terms_chunked(terms.data(), int64_t(terms.size()));
                 ASSERT_EQ(bits_of(chunked), bits_of(fold_chunks(terms)));
+
+                std::vector<float> fused(terms.size(), std::numeric_limits<float>::quiet_NaN());
+                const Status fs = dot_block_terms_fused(t, w.data(), a.data(), k, fused.data());
+                ASSERT_TRUE(fs.ok()) << fs.message();
+                const bool fused_form = t == TensorType::Q4_K || t == TensorType::Q5_K;
+                std::vector<float> wf(static_cast<size_t>(k));
+                ASSERT_TRUE(dequantize_row(t, w.data(), wf.data(), k).ok());
+                for (size_t b = 0; b < terms.size(); ++b) {
+                    if (!fused_form) {
+                        ASSERT_EQ(bits_of(fused[b]), bits_of(terms[b])) << "block " << b;
+                        continue;
+                    }
+                    // The term is P - Q, P from d*sc*q and Q from dmin*mn: bound by their sizes,
+                    // since the two can cancel far below either.
+                    const uint8_t* sb = w.data() + (b / 8) * size_t(tensor_type_info(uint32_t(t))->block_bytes);
+                    uint16_t dmin_bits;
+                    std::memcpy(&dmin_bits, sb + 2, 2);
+                    uint8_t sc, mn;
+                    unpack_scale_min_k4(int(b % 8), sb + 4, &sc, &mn);
+                    const double offset = double(fp16_to_fp32(dmin_bits)) * mn;
+                    double magnitude = std::fabs(offset * double(a[b].d) * a[b].sum);
+                    for (int l = 0; l < 32; ++l)
+                        magnitude += std::fabs((double(wf[32 * b + size_t(l)]) + offset) * double(a[b].d) * a[b].qs[l]);
+                    ASSERT_LE(std::fabs(double(fused[b]) - double(terms[b])), 8 * 0x1p-24 * magnitude)
+                        << "block " << b << ": fused " << fused[b] << ", kernel term " << terms[b];
+                }
                 const float row_chunked = dot_row_chunked(t, w.data(), a.data(), k);
-                ASSERT_EQ(bits_of(row_chunked), bits_of(chunked))
-                    << "dot_row_chunked " << row_chunked << " vs sum_terms_chunked " << chunked;
+                const float fused_chunked = sum_terms_chunked(fused.data(), int64_t(fused.size()));
+                ASSERT_EQ(bits_of(row_chunked), bits_of(fused_chunked))
+                    << "dot_row_chunked " << row_chunked << " vs sum_terms_chunked " << fused_chunked;
                 // Two orders of the same terms: equal up to float rounding.
                 double abs_sum = 0;
                 for (float v : terms) abs_sum += std::fabs(double(v));

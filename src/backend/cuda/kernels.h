@@ -16,10 +16,11 @@
 //   path only when it is a multiple of 16.
 //
 // Arithmetic order of the integer matmuls (mmvq and mmq give the same bits):
-// every 32-element block b yields the CPU's float term t_b (docs/cpu-kernels.md);
-// terms are summed in chunks of eight consecutive blocks, c = t_8i + t_8i+1 + ...
+// every 32-element block b yields the float term t_b of quant::dot_block_terms_fused
+// (the CPU kernels' term, docs/cpu-kernels.md, except q4_K/q5_K whose term is
+// fused from per-block products); terms are summed in chunks of eight consecutive blocks, c = t_8i + t_8i+1 + ...
 // left to right, and the chunks are added in order to an accumulator that
-// starts at +0.0. quant::sum_terms_chunked() is the CPU twin of that order.
+// starts at +0.0. quant::dot_row_chunked() is the CPU twin of the whole result.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -5,7 +5,8 @@
 // and of quantized activations into shared memory. Each block's integer sums
 // come from one mma (two m16n8k16 for q6_K, whose 16-element halves have their
 // own scales); the float terms and chunk sums then follow the order kernels.h
-// documents, so the result has mmvq's bits and the CPU twin's.
+// documents, so the result has mmvq's bits and the CPU twin's. For q4_K/q5_K
+// the per-block products of the fused term are made once while staging.
 #include <cstdlib>
 
 #include "backend/cuda/block_decode.cuh"
@@ -24,9 +25,9 @@ struct Stage {
     int8_t w[kTileRows][kPitch];
     int8_t x[kTileTokens][kPitch];
     int wscale[kTileRows][8];           // sc0 | sc1 << 8 | mn << 16 (bytes)
-    float2 wdm[kTileRows][8];           // d, m
+    float2 wdm[kTileRows][8];           // d, m; q4_K/q5_K: d * sc, dmin * mn (term_min_fused's products)
     float xd[kTileTokens][8];
-    int xsum[kTileTokens][8];
+    int xsum[kTileTokens][8];           // the block's sum; q4_K/q5_K: the bits of da * sum
 };
 
 __device__ __forceinline__ void mma_k32(int (&c)[4], const int (&a)[4], int b0, int b1) {
@@ -82,7 +83,10 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(DevWeight w, DevAct a,
                 dst[0] = make_int4(v.q[0], v.q[1], v.q[2], v.q[3]);
                 dst[1] = make_int4(v.q[4], v.q[5], v.q[6], v.q[7]);
                 s.wscale[r][j] = (v.sc0 & 0xFF) | (v.sc1 & 0xFF) << 8 | (v.mn & 0xFF) << 16;
-                s.wdm[r][j] = make_float2(v.d, v.m);
+                if (K == TermKind::min)
+                    s.wdm[r][j] = make_float2(__fmul_rn(v.d, __int2float_rn(v.sc0)), __fmul_rn(v.m, __int2float_rn(v.mn)));
+                else
+                    s.wdm[r][j] = make_float2(v.d, v.m);
             } else {
                 dst[0] = dst[1] = make_int4(0, 0, 0, 0);
                 s.wscale[r][j] = 0;
@@ -100,7 +104,10 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(DevWeight w, DevAct a,
                 dst[0] = src[0];
                 dst[1] = src[1];
                 s.xd[t][j] = a.d[ab];
-                s.xsum[t][j] = a.sum[ab];
+                if (K == TermKind::min)
+                    s.xsum[t][j] = __float_as_int(__fmul_rn(a.d[ab], __int2float_rn(a.sum[ab])));
+                else
+                    s.xsum[t][j] = a.sum[ab];
             } else {
                 dst[0] = dst[1] = make_int4(0, 0, 0, 0);
                 s.xd[t][j] = 0.0f;
@@ -151,12 +158,19 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(DevWeight w, DevAct a,
                         mma_k32(h0, af[mi], b0, b1);
                         h1[0] = h1[1] = h1[2] = h1[3] = 0;
                     }
-                    const float t_[4] = {
-                        block_term<K>(rv[mi][0], h0[0], h1[0], da0, as0),
-                        block_term<K>(rv[mi][0], h0[1], h1[1], da1, as1),
-                        block_term<K>(rv[mi][1], h0[2], h1[2], da0, as0),
-                        block_term<K>(rv[mi][1], h0[3], h1[3], da1, as1),
-                    };
+                    float t_[4];
+                    if (K == TermKind::min) {
+                        const float s0 = __int_as_float(as0), s1 = __int_as_float(as1);
+                        t_[0] = term_min_fused(rv[mi][0].d, rv[mi][0].m, da0, s0, h0[0]);
+                        t_[1] = term_min_fused(rv[mi][0].d, rv[mi][0].m, da1, s1, h0[1]);
+                        t_[2] = term_min_fused(rv[mi][1].d, rv[mi][1].m, da0, s0, h0[2]);
+                        t_[3] = term_min_fused(rv[mi][1].d, rv[mi][1].m, da1, s1, h0[3]);
+                    } else {
+                        t_[0] = block_term<K>(rv[mi][0], h0[0], h1[0], da0, as0);
+                        t_[1] = block_term<K>(rv[mi][0], h0[1], h1[1], da1, as1);
+                        t_[2] = block_term<K>(rv[mi][1], h0[2], h1[2], da0, as0);
+                        t_[3] = block_term<K>(rv[mi][1], h0[3], h1[3], da1, as1);
+                    }
 #pragma unroll
                     for (int e = 0; e < 4; ++e) c[mi][ni][e] = j == 0 ? t_[e] : __fadd_rn(c[mi][ni][e], t_[e]);
                 }
