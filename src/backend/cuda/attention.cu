@@ -22,12 +22,15 @@
 //    positions because pos lives on the device (and the launch must not change
 //    inside a CUDA graph); CTAs of segments past pos[t] exit at once.
 //  - prefill (several tokens, no split): a CTA takes a tile of consecutive
-//    tokens times the query heads of one KV head. When every token of the tile
-//    that lies in the cache uses the same slot (the usual prefill), each chunk
-//    of K and then of V rows is staged once into shared memory, converted to
-//    f32, and serves every warp of the tile. A tile mixing slots (the device
+//    tokens times the query heads of one KV head, each warp one head for T
+//    consecutive tokens (T = 4, 2 for head dims over 128), so every K and V
+//    row a lane reads from shared memory serves T tokens (one token per warp
+//    was bound by shared-memory bandwidth). When every token of the tile that
+//    lies in the cache uses the same slot (the usual prefill), each chunk of K
+//    and then of V rows is staged once into shared memory, converted to f32,
+//    and serves every warp of the tile. A tile mixing slots (the device
 //    decides, since slot and pos are device arrays) has each warp read its own
-//    rows from global memory, as the decode kernel does.
+//    rows from global memory, token by token, as the decode kernel does.
 // Both kernels run the identical arithmetic per (token, head, chunk), so the
 // choice of kernel never changes a bit of the result.
 //
@@ -76,7 +79,7 @@ __device__ float warp_max(float v) {
 
 // Butterfly sum: a + b == b + a, so every lane ends with the same bits.
 __device__ float warp_sum(float v) {
-    for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(kFullMask, v, o);
+    for (int o = kWarp / 2; o > 0; o /= 2) v = __fadd_rn(v, __shfl_xor_sync(kFullMask, v, o));
     return v;
 }
 
@@ -91,7 +94,7 @@ __device__ void transpose_step(float (&part)[kWarp], int lane) {
     for (int i = 0; i < W; ++i) {
         const float send = upper ? part[i] : part[i + W];
         const float keep = upper ? part[i + W] : part[i];
-        part[i] = keep + __shfl_xor_sync(kFullMask, send, W);
+        part[i] = __fadd_rn(keep, __shfl_xor_sync(kFullMask, send, W));
     }
 }
 __device__ float transpose_sum(float (&part)[kWarp], int lane) {
@@ -193,6 +196,23 @@ struct Softmax {
     }
 };
 
+// Folds the chunk's dots (position p's on lane p) into m and l and rescales
+// acc. Returns this lane's unnormalised probability (0 past n_valid).
+template <int D>
+__device__ float fold_scores(float dot, int n_valid, float scale, int lane, Softmax<D>& st) {
+    // Rounded operations spelled out: nvcc contracts a * b + c into an fma
+    // where it sees fit, which could differ between the kernels that inline this.
+    const float score = lane < n_valid ? __fmul_rn(dot, scale) : -INFINITY;
+    const float m_new = fmaxf(st.m, warp_max(score));
+    const float correction = expf(__fsub_rn(st.m, m_new));  // exp(-inf) = 0 on the first chunk
+    const float w = lane < n_valid ? expf(__fsub_rn(score, m_new)) : 0.0f;
+    st.l = __fadd_rn(__fmul_rn(st.l, correction), warp_sum(w));
+#pragma unroll
+    for (int c = 0; c < D; ++c) st.acc[c] = __fmul_rn(st.acc[c], correction);
+    st.m = m_new;
+    return w;
+}
+
 // First half of a chunk of n_valid (1..32, warp-uniform) positions: scores
 // them, folds them into m and l and rescales acc. Returns this lane's
 // unnormalised probability (0 past n_valid).
@@ -212,16 +232,7 @@ __device__ float score_chunk(const float (&q)[D], const Rows& k_rows, int n_vali
             part[j] = dot;
         }
     }
-    const float dot = transpose_sum(part, lane);
-    const float score = lane < n_valid ? dot * scale : -INFINITY;
-    const float m_new = fmaxf(st.m, warp_max(score));
-    const float correction = expf(st.m - m_new);  // exp(-inf) = 0 on the first chunk
-    const float w = lane < n_valid ? expf(score - m_new) : 0.0f;
-    st.l = st.l * correction + warp_sum(w);
-#pragma unroll
-    for (int c = 0; c < D; ++c) st.acc[c] *= correction;
-    st.m = m_new;
-    return w;
+    return fold_scores<D>(transpose_sum(part, lane), n_valid, scale, lane, st);
 }
 
 // Second half: acc += w_j * V row j for j in order.
@@ -337,13 +348,68 @@ __device__ void stage_rows(const uint16_t* rows, int64_t stride, int p0, int n, 
     }
 }
 
+// Tokens a prefill warp computes together: each K and V row it loads from
+// shared memory serves all of them (shared memory bandwidth, not arithmetic,
+// bounds one token per warp). Fewer for wide heads, whose registers run out.
+template <int D>
+struct PrefillTokens {
+    static constexpr int per_warp = D <= 4 ? 4 : 2;
+};
+
+// The dots of T tokens' queries with the chunk's K rows 0..n_rows-1: on
+// return dots[t] on lane p is token t's dot with row p, with score_chunk's
+// bits (each lane's partial over its dims in the same order, and a transpose
+// sum whose tree over the lanes is the same for every item). Rows go in T
+// groups of 32 / T; item (row jj of the group, token t) sits at jj * T + t.
+template <int D, int T>
+__device__ void dots_chunk(const float (&q)[T][D], const SmemRows& k_rows, int n_rows, int lane, float (&dots)[T]) {
+    constexpr int P = kWarp / T;
+    float res[T];  // group g: item l on lane l
+#pragma unroll
+    for (int g = 0; g < T; ++g) {
+        float part[kWarp];
+#pragma unroll
+        for (int jj = 0; jj < P; ++jj) {
+            const int j = g * P + jj;
+            float kk[D];
+            if (j < n_rows) k_rows.template load<D>(j, lane, kk);
+#pragma unroll
+            for (int t = 0; t < T; ++t) {
+                float dot = 0.0f;
+                if (j < n_rows) {
+#pragma unroll
+                    for (int c = 0; c < D; ++c) dot = fmaf(q[t][c], kk[c], dot);
+                }
+                part[jj * T + t] = dot;
+            }
+        }
+        res[g] = transpose_sum(part, lane);
+    }
+    // Row p of token t lies in group p / P on lane (p % P) * T + t.
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+        const int src = (lane % P) * T + t;
+        float v = 0.0f;
+#pragma unroll
+        for (int g = 0; g < T; ++g) {
+            const float x = __shfl_sync(kFullMask, res[g], src);
+            if (lane / P == g) v = x;
+        }
+        dots[t] = v;
+    }
+}
+
 // Prefill kernel. Grid: x = (tile * n_kv_heads + kv_head) * chunks + chunk.
-// Block: tile_tokens * sh.warps warps; warp w computes token
-// tile * tile_tokens + w / sh.warps and query head chunk * sh.warps + w % sh.warps.
+// Block: kPrefillWarps / sh.warps token groups times sh.warps heads; warp w
+// computes query head chunk * sh.warps + w % sh.warps for the T consecutive
+// tokens tile * tile_tokens + (w / sh.warps) * T + i. Each token's arithmetic
+// is the decode kernel's, chunk by chunk and position by position, so a token
+// gets the same bits here as alone.
 template <int D>
 __global__ void __launch_bounds__(kPrefillWarps * kWarp)
     attention_prefill_kernel(KvLayer kv, const float* q, AttnShape sh, int64_t n_tokens, int tile_tokens,
                              const int32_t* slot, const int32_t* pos, float* out) {
+    constexpr int T = PrefillTokens<D>::per_warp;
     __shared__ __align__(16) float tile[kChunk * kMaxHeadDim];  // K, then V, of one chunk
     __shared__ int tile_slot, tile_end, tile_mixed;
     const int warp = int(threadIdx.x) / kWarp, lane = int(threadIdx.x) % kWarp;
@@ -351,64 +417,107 @@ __global__ void __launch_bounds__(kPrefillWarps * kWarp)
     const int chunk = int(cta % sh.chunks);
     const int kvh = int(cta / sh.chunks % sh.n_kv_heads);
     const int64_t t0 = cta / sh.chunks / sh.n_kv_heads * tile_tokens;
-    const int64_t t = t0 + warp / sh.warps;
+    const int64_t first = t0 + int64_t(warp / sh.warps) * T;  // the warp's first token
     const int g = chunk * sh.warps + warp % sh.warps;
     const int hd = sh.head_dim;
-    const int64_t row = t * sh.n_heads + int64_t(kvh) * sh.group + g;
 
-    bool active = t < n_tokens && g < sh.group;
-    const int32_t s = t < n_tokens ? slot[t] : -1, last = t < n_tokens ? pos[t] : -1;
-    if (active && !in_cache(kv, s, last)) {
-        for (int d = lane; d < hd; d += kWarp) out[row * hd + d] = NAN;
-        active = false;
+    // Output row of the warp's token i (registers are scarce: recomputed, not kept).
+    auto row_of = [&](int i) { return (first + i) * sh.n_heads + int64_t(kvh) * sh.group + g; };
+    // Per token of the warp: its context end (0: not computed here).
+    int end[T];
+#pragma unroll
+    for (int i = 0; i < T; ++i) {
+        const int64_t t = first + i;
+        end[i] = 0;
+        if (t >= n_tokens || g >= sh.group) continue;
+        const int32_t s = slot[t], last = pos[t];
+        if (!in_cache(kv, s, last)) {
+            for (int d = lane; d < hd; d += kWarp) out[row_of(i) * hd + d] = NAN;
+            continue;
+        }
+        end[i] = last + 1;
     }
 
     // Which slot the tile's cached tokens share, and how far the furthest reaches.
     if (threadIdx.x == 0) {
-        int first = -1, end = 0, mixed = 0;
+        int first_slot = -1, furthest = 0, mixed = 0;
         for (int64_t u = t0; u < t0 + tile_tokens && u < n_tokens; ++u) {
             const int32_t su = slot[u], pu = pos[u];
             if (!in_cache(kv, su, pu)) continue;
-            if (first < 0) first = su;
-            mixed |= su != first;
-            end = max(end, pu + 1);
+            if (first_slot < 0) first_slot = su;
+            mixed |= su != first_slot;
+            furthest = max(furthest, pu + 1);
         }
-        tile_slot = first;
-        tile_end = end;
+        tile_slot = first_slot;
+        tile_end = furthest;
         tile_mixed = mixed;
     }
     __syncthreads();
     if (tile_slot < 0) return;  // no token of the tile in the cache (CTA-uniform)
 
     const int64_t stride = int64_t(kv.n_kv_heads) * hd;
-    float qr[D];
-    if (active) load_q<D>(q + row * hd, lane, qr);
-    Softmax<D> st;
-    if (tile_mixed) {  // CTA-uniform: each warp on its own, no barriers below
-        if (active)
-            attend_global<D>(qr, slot_rows(kv.k, kv, s, kvh), slot_rows(kv.v, kv, s, kvh), stride, 0, last + 1,
-                             sh.scale, lane, st);
+    float qr[T][D];
+    Softmax<D> st[T];
+#pragma unroll
+    for (int i = 0; i < T; ++i)
+        if (end[i] > 0) load_q<D>(q + row_of(i) * hd, lane, qr[i]);
+    if (tile_mixed) {  // CTA-uniform: each token on its own, no barriers below
+#pragma unroll
+        for (int i = 0; i < T; ++i)
+            if (end[i] > 0) {
+                const int32_t s = slot[first + i];
+                attend_global<D>(qr[i], slot_rows(kv.k, kv, s, kvh), slot_rows(kv.v, kv, s, kvh), stride, 0, end[i],
+                                 sh.scale, lane, st[i]);
+            }
     } else {
         const uint16_t* k_rows = slot_rows(kv.k, kv, tile_slot, kvh);
         const uint16_t* v_rows = slot_rows(kv.v, kv, tile_slot, kvh);
-        const int end = last + 1;
         const SmemRows rows{tile, hd};
+        int warp_end = 0;  // warp-uniform
+#pragma unroll
+        for (int i = 0; i < T; ++i) warp_end = max(warp_end, end[i]);
         for (int p0 = 0; p0 < tile_end; p0 += kChunk) {
             const int n = min(kChunk, tile_end - p0);
-            const bool mine = active && p0 < end;  // warp-uniform
-            const int n_valid = min(kChunk, end - p0);
+            const bool mine = p0 < warp_end;  // warp-uniform
             __syncthreads();  // every warp is done with the previous V
             stage_rows(k_rows, stride, p0, n, hd, tile);
             __syncthreads();
-            float w = 0.0f;
-            if (mine) w = score_chunk<D>(qr, rows, n_valid, sh.scale, lane, st);
+            int n_valid[T] = {};
+            float w[T] = {};
+            if (mine) {
+                float dots[T];
+                dots_chunk<D, T>(qr, rows, min(n, warp_end - p0), lane, dots);
+#pragma unroll
+                for (int i = 0; i < T; ++i) {
+                    n_valid[i] = min(kChunk, end[i] - p0);  // <= 0: the token's context ended before
+                    w[i] = n_valid[i] > 0 ? fold_scores<D>(dots[i], n_valid[i], sh.scale, lane, st[i]) : 0.0f;
+                }
+            }
             __syncthreads();  // every warp is done with K
             stage_rows(v_rows, stride, p0, n, hd, tile);
             __syncthreads();
-            if (mine) accumulate_chunk<D>(w, rows, n_valid, lane, st);
+            if (mine) {
+                // acc += w_j * V row j, j in order, for each token whose context holds j.
+#pragma unroll
+                for (int j = 0; j < kChunk; ++j) {
+                    if (p0 + j >= warp_end) break;
+                    float vv[D];
+                    rows.template load<D>(j, lane, vv);
+#pragma unroll
+                    for (int i = 0; i < T; ++i) {
+                        if (j < n_valid[i]) {
+                            const float wj = __shfl_sync(kFullMask, w[i], j);
+#pragma unroll
+                            for (int c = 0; c < D; ++c) st[i].acc[c] = fmaf(wj, vv[c], st[i].acc[c]);
+                        }
+                    }
+                }
+            }
         }
     }
-    if (active) write_output<D>(st, out + row * hd, lane);
+#pragma unroll
+    for (int i = 0; i < T; ++i)
+        if (end[i] > 0) write_output<D>(st[i], out + row_of(i) * hd, lane);
 }
 
 // One CTA of head_dim threads per (token, head) row; thread d combines dim d
@@ -430,9 +539,9 @@ __global__ void attention_combine_kernel(KvLayer kv, int n_heads, int head_dim, 
     for (int i = 0; i < n_seg; ++i) m = fmaxf(m, part.m[r0 + i]);
     float l = 0.0f, a = 0.0f;
     for (int i = 0; i < n_seg; ++i) {
-        const float w = expf(part.m[r0 + i] - m);
-        l += part.l[r0 + i] * w;
-        a += part.acc[(r0 + i) * head_dim + d] * w;
+        const float w = expf(__fsub_rn(part.m[r0 + i], m));
+        l = __fadd_rn(l, __fmul_rn(part.l[r0 + i], w));
+        a = __fadd_rn(a, __fmul_rn(part.acc[(r0 + i) * head_dim + d], w));
     }
     const float inv = l > 0.0f ? __fdiv_rn(1.0f, l) : 0.0f;
     out[row * head_dim + d] = a * inv;
@@ -490,10 +599,11 @@ void launch(const KvLayer& kv, const float* q, int64_t n_tokens, const AttnShape
         attention_decode_kernel<D><<<dim3(ctas, 1), threads, 0, stream>>>(kv, q, sh, slot, pos, out, Partials{},
                                                                          kv.n_ctx);
     } else {
-        const int tile_tokens = kPrefillWarps / sh.warps;
+        const int tile_tokens = kPrefillWarps / sh.warps * PrefillTokens<D>::per_warp;
         const int64_t tiles = (n_tokens + tile_tokens - 1) / tile_tokens;
         const unsigned ctas = unsigned(tiles * kv.n_kv_heads * sh.chunks);
-        attention_prefill_kernel<D><<<ctas, unsigned(tile_tokens * sh.warps * kWarp), 0, stream>>>(
+        const unsigned prefill_threads = unsigned(kPrefillWarps / sh.warps * sh.warps * kWarp);
+        attention_prefill_kernel<D><<<ctas, prefill_threads, 0, stream>>>(
             kv, q, sh, n_tokens, tile_tokens, slot, pos, out);
     }
 }
