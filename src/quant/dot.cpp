@@ -88,15 +88,24 @@ DotFloatTokensFn dot_float_tokens_kernel(TensorType type, SimdPath path) {
     }
 }
 
-Status dot_block_terms(TensorType type, const void* w_row, const block_q8a* a, int64_t k, float* terms) {
-    const detail::DotTermsFn fn = detail::block_terms_scalar(type);
-    if (!fn) return Error{"dot_block_terms: type " + tensor_type_name(uint32_t(type)) + " has no integer dot product"};
+namespace {
+
+// Runs a terms kernel after checking the type has one and k is whole blocks.
+Status write_block_terms(detail::DotTermsFn fn, const char* what, TensorType type, const void* w_row,
+                         const block_q8a* a, int64_t k, float* terms) {
+    if (!fn) return Error{std::string(what) + ": type " + tensor_type_name(uint32_t(type)) + " has no integer dot product"};
     const auto info = tensor_type_info(uint32_t(type));
     if (k < 0 || k % int64_t(info->block_elems) != 0)
-        return Error{"dot_block_terms: row length " + std::to_string(k) + " is not a whole number of " +
+        return Error{std::string(what) + ": row length " + std::to_string(k) + " is not a whole number of " +
                      tensor_type_name(uint32_t(type)) + " blocks (" + std::to_string(info->block_elems) + " elements)"};
     fn(w_row, a, k, terms);
     return {};
+}
+
+}  // namespace
+
+Status dot_block_terms(TensorType type, const void* w_row, const block_q8a* a, int64_t k, float* terms) {
+    return write_block_terms(detail::block_terms_scalar(type), "dot_block_terms", type, w_row, a, k, terms);
 }
 
 float sum_terms_chunked(const float* terms, int64_t n_blocks) {
@@ -111,14 +120,7 @@ float sum_terms_chunked(const float* terms, int64_t n_blocks) {
 }
 
 Status dot_block_terms_fused(TensorType type, const void* w_row, const block_q8a* a, int64_t k, float* terms) {
-    const detail::DotTermsFn fn = detail::block_terms_fused_scalar(type);
-    if (!fn) return Error{"dot_block_terms_fused: type " + tensor_type_name(uint32_t(type)) + " has no integer dot product"};
-    const auto info = tensor_type_info(uint32_t(type));
-    if (k < 0 || k % int64_t(info->block_elems) != 0)
-        return Error{"dot_block_terms_fused: row length " + std::to_string(k) + " is not a whole number of " +
-                     tensor_type_name(uint32_t(type)) + " blocks (" + std::to_string(info->block_elems) + " elements)"};
-    fn(w_row, a, k, terms);
-    return {};
+    return write_block_terms(detail::block_terms_fused_scalar(type), "dot_block_terms_fused", type, w_row, a, k, terms);
 }
 
 float dot_row_chunked(TensorType type, const void* w_row, const block_q8a* a, int64_t k) {

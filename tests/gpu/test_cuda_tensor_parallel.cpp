@@ -130,16 +130,6 @@ struct TwoRankCase {
     double tolerance;
 };
 
-// qwen2: q/k/v biases shard with their rows; the tied output is rows of the embedding table.
-model::SynthShape qwen2_tied() {
-    model::SynthShape s = test::llama_shape(256, 4, 2, 512);
-    s.arch = "qwen2";
-    s.tied_output = true;
-    s.tokenizer = model::SynthTokenizer::Gpt2Bpe;
-    s.bpe_pre = "qwen2";
-    return s;
-}
-
 class CudaTensorParallelTwo : public gpu_test::GpuTest, public ::testing::WithParamInterface<TwoRankCase> {};
 
 TEST_P(CudaTensorParallelTwo, TwoRanksMatchOneAndRepeatExactly) {
@@ -228,7 +218,8 @@ INSTANTIATE_TEST_SUITE_P(
         TwoRankCase{"llama_gqa_q6_k", test::llama_shape(1024, 8, 4, 1024), quant::FileType::Q6_K, 3e-2},
         TwoRankCase{"llama_f16", test::llama_shape(256, 4, 4, 1024), quant::FileType::F16, 1e-3},
         TwoRankCase{"llama_q8_0", test::llama_shape(256, 4, 4, 1024), quant::FileType::Q8_0, 3e-2},
-        TwoRankCase{"qwen2_q8_0", qwen2_tied(), quant::FileType::Q8_0, 3e-2}),
+        // qwen2: q/k/v biases shard with their rows; the tied output is rows of the embedding table.
+        TwoRankCase{"qwen2_q8_0", test::qwen2_tied_shape(), quant::FileType::Q8_0, 3e-2}),
     [](const ::testing::TestParamInfo<TwoRankCase>& i) { return std::string(i.param.name); });
 
 }  // namespace

@@ -40,4 +40,15 @@ inline model::SynthShape llama_shape(int64_t n_embd, int64_t n_head, int64_t n_h
     return s;
 }
 
+// A small qwen2 (q/k/v biases, NeoX RoPE, tied output) whose 2 KV heads and
+// widths divide over two ranks.
+inline model::SynthShape qwen2_tied_shape() {
+    model::SynthShape s = llama_shape(256, 4, 2, 512);
+    s.arch = "qwen2";
+    s.tied_output = true;
+    s.tokenizer = model::SynthTokenizer::Gpt2Bpe;
+    s.bpe_pre = "qwen2";
+    return s;
+}
+
 }  // namespace tern::test

@@ -239,14 +239,6 @@ TEST(TensorParallelViews, RowAndColumnSlicesReadTheRightBlocks) {
 
 // ---- the simulated tensor-parallel forward against the unsharded one ----
 
-model::SynthShape qwen2_shape() {
-    model::SynthShape s = test::llama_shape(256, 4, 2, 512);
-    s.arch = "qwen2";
-    s.tied_output = true;
-    s.tokenizer = model::SynthTokenizer::Gpt2Bpe;
-    s.bpe_pre = "qwen2";
-    return s;
-}
 
 struct TpCase {
     const char* name;
@@ -390,8 +382,8 @@ INSTANTIATE_TEST_SUITE_P(
         TpCase{"llama_gqa_q4_k_m", test::llama_shape(1024, 8, 4, 1024), quant::FileType::Q4_K_M, {2, 4}, kQuantTol},
         TpCase{"llama_gqa_q6_k", test::llama_shape(1024, 8, 4, 1024), quant::FileType::Q6_K, {2, 4}, kQuantTol},
         // qwen2: q/k/v biases shard with their rows; tied output (the embedding's rows).
-        TpCase{"qwen2_f32", qwen2_shape(), quant::FileType::ALL_F32, {2}, kFloatTol},
-        TpCase{"qwen2_q8_0", qwen2_shape(), quant::FileType::Q8_0, {2}, kQuantTol}),
+        TpCase{"qwen2_f32", test::qwen2_tied_shape(), quant::FileType::ALL_F32, {2}, kFloatTol},
+        TpCase{"qwen2_q8_0", test::qwen2_tied_shape(), quant::FileType::Q8_0, {2}, kQuantTol}),
     [](const ::testing::TestParamInfo<TpCase>& i) { return std::string(i.param.name); });
 
 // A batch one rank rejects ends the call on every rank with that error (no
