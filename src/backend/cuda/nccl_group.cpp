@@ -81,6 +81,10 @@ Result<std::shared_ptr<CommGroup>> NcclGroup::create(const std::vector<int>& dev
             if (devices[j] == devices[i])
                 return Error{"nccl: GPU " + std::to_string(devices[i]) + " appears twice in the group"};
     }
+    // NVLink multicast (NVLS) stays off unless the user says otherwise: on a
+    // shared host a fault there can take every GPU out of service, and the
+    // all-reduces tern issues are small enough not to need it.
+    setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);
     std::vector<ncclComm_t> comms(devices.size(), nullptr);
     if (ncclResult_t r = api.comm_init_all(comms.data(), int(devices.size()), devices.data()); r != ncclSuccess)
         return Error{nccl_failure("creating the communicators", r)};
