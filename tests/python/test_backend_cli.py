@@ -257,6 +257,20 @@ def test_bad_tp_names_the_problem(value, needle, model, text_file):
     assert r.stdout.strip() == "", r.stdout
 
 
+def test_gpu_ranks_without_gpus_say_which_gpus(model, text_file):
+    built, gpus = cuda_usable()
+    if built and gpus:
+        pytest.skip("this build has CUDA and sees a GPU: --backend cuda --tp can run here")
+    r = tern(*command_args("run", model, text_file), "--backend", "cuda", "--tp", 2)
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert "tern run: error:" in r.stderr, r.stderr
+    if built:
+        assert "backend cuda:" in r.stderr and "(--tp 2 uses GPUs 0 to 1)" in r.stderr, r.stderr
+    else:
+        assert "--tp 2: this build of tern has no CUDA backend" in r.stderr, r.stderr
+    assert r.stdout.strip() == "", r.stdout
+
+
 def test_bench_reports_tp(model):
     r = tern("bench", "-m", model, "-t", 2, "-p", 8, "-n", 2, "-r", 1, "-o", "json", "--backend", "cpu", "--tp", 2)
     assert r.returncode == 0, r.stderr
