@@ -26,33 +26,18 @@ namespace {
 struct Args {
     int ranks = 0;  // 0: every visible GPU
     int embd = 4096;
-    std::vector<int> tokens = {1, 8, 512, 2048};
+    std::vector<int64_t> tokens = {1, 8, 512, 2048};
     int calls = 64;  // one decode step of a 32-layer model issues 64
 };
-
-std::vector<int> parse_ints(const std::string& s) {
-    std::vector<int> v;
-    size_t at = 0;
-    while (at <= s.size()) {
-        const size_t comma = std::min(s.find(',', at), s.size());
-        v.push_back(std::atoi(s.substr(at, comma - at).c_str()));
-        at = comma + 1;
-    }
-    return v;
-}
 
 Args parse(int argc, char** argv) {
     Args a;
     for (int i = 1; i < argc; ++i) {
         const std::string k = argv[i];
-        auto value = [&]() -> std::string {
-            if (i + 1 >= argc) fail(k + " needs a value");
-            return argv[++i];
-        };
-        if (k == "--ranks") a.ranks = std::atoi(value().c_str());
-        else if (k == "--embd") a.embd = std::atoi(value().c_str());
-        else if (k == "--tokens") a.tokens = parse_ints(value());
-        else if (k == "--calls") a.calls = std::atoi(value().c_str());
+        if (k == "--ranks") a.ranks = int(parse_count(option_value(argc, argv, i), "--ranks"));
+        else if (k == "--embd") a.embd = int(parse_count(option_value(argc, argv, i), "--embd"));
+        else if (k == "--tokens") a.tokens = parse_counts(option_value(argc, argv, i), "--tokens");
+        else if (k == "--calls") a.calls = int(parse_count(option_value(argc, argv, i), "--calls"));
         else fail("unknown argument " + k);
     }
     return a;
@@ -91,7 +76,7 @@ int main(int argc, char** argv) {
                 "graph us/call", "graph GB/s");
     std::printf("|--------:|-----------:|---------------:|-------------:|---------------:|-------------:|\n");
 
-    for (int tokens : a.tokens) {
+    for (const int64_t tokens : a.tokens) {
         const size_t count = size_t(tokens) * size_t(a.embd);
         float stream_us = 0, graph_us = 0;
         bool right = true;
@@ -145,7 +130,7 @@ int main(int argc, char** argv) {
         if (!right) fail("all-reduce of " + std::to_string(count) + " floats gave a wrong sum");
         const double bytes = double(count) * sizeof(float);
         const double bus = n > 1 ? 2.0 * (n - 1) / n * bytes : bytes;
-        std::printf("| %7d | %10.0f | %14.1f | %12.1f | %14.1f | %12.1f |\n", tokens, bytes, stream_us,
+        std::printf("| %7lld | %10.0f | %14.1f | %12.1f | %14.1f | %12.1f |\n", (long long)tokens, bytes, stream_us,
                     bus / (stream_us * 1e3), graph_us, bus / (graph_us * 1e3));
     }
     return 0;

@@ -273,6 +273,13 @@ inline std::vector<int64_t> parse_counts(const std::string& s, const char* optio
     return out;
 }
 
+// One positive count (an option that takes a single value).
+inline int64_t parse_count(const std::string& s, const char* option) {
+    const std::vector<int64_t> v = parse_counts(s, option);
+    if (v.size() != 1) fail(std::string(option) + ": one count expected, got " + s);
+    return v.front();
+}
+
 // The value after option argv[i] (advancing i), or a clear exit.
 inline std::string option_value(int argc, char** argv, int& i) {
     if (i + 1 >= argc) fail(std::string(argv[i]) + " needs a value");

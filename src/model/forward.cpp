@@ -91,16 +91,14 @@ Status Forward::run(const Batch& batch, std::vector<float>& logits) {
         be_.kv_store(il, k, v);
         be_.attention(il, q, h.n_head, scale, att);
         be_.matmul(L.wo, att, hbuf);
-        if (reduce_)
-            if (Status s = reduce_(ReducePoint::AttentionOutput, il, hbuf); !s.ok()) return s;
+        if (shard_) be_.all_reduce_sum(hbuf);
         be_.add(x, hbuf);
         // feed-forward block: x += W_down · (silu(W_gate·n(x)) * W_up·n(x))
         be_.rms_norm(x, L.ffn_norm, h.norm_eps, hbuf);
         be_.matmul_shared(hbuf, {{&L.w_gate, gate}, {&L.w_up, up}});
         be_.swiglu(gate, up);
         be_.matmul(L.w_down, gate, hbuf);
-        if (reduce_)
-            if (Status s = reduce_(ReducePoint::FfnOutput, il, hbuf); !s.ok()) return s;
+        if (shard_) be_.all_reduce_sum(hbuf);
         be_.add(x, hbuf);
     }
     // logits for the selected tokens: W_out · n(x)

@@ -6,12 +6,11 @@
 //
 // The same pass runs one shard of a tensor-parallel model (model/tensor_parallel.h):
 // the Model it is given then holds its share of heads, FFN columns and vocabulary
-// rows, and a reduce hook sums the partial outputs of the row-parallel matmuls
-// (wo, w_down) across shards before each residual add.
+// rows, and the backend's all_reduce_sum adds the shards' partial outputs of the
+// row-parallel matmuls (wo, w_down) before each residual add.
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <vector>
 
@@ -37,17 +36,6 @@ struct Batch {
     size_t size() const { return tokens.size(); }
 };
 
-// Where a row-parallel matmul's partial output waits for the other shards.
-enum class ReducePoint {
-    AttentionOutput,  // Wo · attn, before x += it
-    FfnOutput,        // W_down · swiglu, before x += it
-};
-
-// Given the shard's partial output (tokens x n_embd, in the backend's memory),
-// must leave in it the sum of every shard's partial, the same on each shard.
-// A failed status ends the forward call with that status.
-using ReduceHook = std::function<Status(ReducePoint point, int layer, backend::Tensor partial)>;
-
 // What the runtime drives: a forward pass over one backend (Forward) or over
 // the ranks of a tensor-parallel model (TpForward, model/tensor_parallel.h).
 class Pass {
@@ -59,6 +47,8 @@ public:
     virtual int max_tokens() const = 0;
     virtual int n_slots() const = 0;
     virtual int n_ctx() const = 0;
+    // Device memory the pass's backends hold (weights, KV cache, workspace); 0 on the CPU.
+    virtual size_t device_bytes() const = 0;
 };
 
 class Forward final : public Pass {
@@ -75,12 +65,15 @@ public:
     // output head's rows (n_vocab; a tensor-parallel shard: its vocabulary rows).
     Status run(const Batch& batch, std::vector<float>& logits) override;
 
-    // Makes this pass one shard of a tensor-parallel model (empty: a whole model).
-    void set_reduce_hook(ReduceHook hook) { reduce_ = std::move(hook); }
+    // Makes this pass one shard of a tensor-parallel model: the partial
+    // outputs of wo and w_down go through the backend's all_reduce_sum (its
+    // group's ranks must run the same batches). Off: a whole model.
+    void set_shard(bool shard) { shard_ = shard; }
 
     int max_tokens() const override { return max_tokens_; }
     int n_slots() const override { return kv_.n_slots; }
     int n_ctx() const override { return kv_.n_ctx; }
+    size_t device_bytes() const override { return be_.device_bytes(); }
 
 private:
     Forward(const Model& m, backend::Backend& be, int max_tokens) : m_(m), be_(be), max_tokens_(max_tokens) {}
@@ -88,7 +81,7 @@ private:
     backend::Backend& be_;
     int max_tokens_;
     backend::KvCacheShape kv_;
-    ReduceHook reduce_;
+    bool shard_ = false;
     backend::Tensor x_, h_, q_, k_, v_, att_, gate_, up_, sel_, logits_;
 };
 

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "quant/quant.h"
@@ -163,11 +164,14 @@ namespace {
 
 // Every weight of a model, in load order; the output head last, so that a
 // tied head can be told from the table it shares.
-std::vector<backend::Weight*> weights_of(Model& m) {
-    std::vector<backend::Weight*> all = {&m.token_embd, &m.output_norm, &m.rope_freqs};
-    for (Layer& L : m.layers)
-        for (backend::Weight* w : {&L.attn_norm, &L.wq, &L.wk, &L.wv, &L.bq, &L.bk, &L.bv, &L.wo, &L.ffn_norm,
-                                   &L.w_gate, &L.w_up, &L.w_down})
+// (Model or const Model: pointers of the same constness.)
+template <class M>
+auto weights_of(M& m) {
+    using W = std::conditional_t<std::is_const_v<M>, const backend::Weight, backend::Weight>;
+    std::vector<W*> all = {&m.token_embd, &m.output_norm, &m.rope_freqs};
+    for (auto& L : m.layers)
+        for (W* w : {&L.attn_norm, &L.wq, &L.wk, &L.wv, &L.bq, &L.bk, &L.bv, &L.wo, &L.ffn_norm, &L.w_gate, &L.w_up,
+                     &L.w_down})
             all.push_back(w);
     all.push_back(&m.output);
     return all;
@@ -184,10 +188,9 @@ size_t weight_bytes(const backend::Weight& w) {
 }  // namespace
 
 size_t model_bytes(const Model& described) {
-    Model m = described;
     size_t total = 0;
-    for (backend::Weight* w : weights_of(m))
-        if (w != &m.output || !same_view(m.output, m.token_embd)) total += weight_bytes(*w);
+    for (const backend::Weight* w : weights_of(described))
+        if (w != &described.output || !same_view(described.output, described.token_embd)) total += weight_bytes(*w);
     return total;
 }
 

@@ -301,11 +301,7 @@ Result<std::unique_ptr<TpForward>> TpForward::create(const Model& model, std::sh
             auto f = Forward::create(rp->model, *rp->be, max_tokens, n_slots, n_ctx);
             if (!f.ok()) return fail(f.error().message);
             rp->fwd = std::move(*f);
-            backend::Backend* bep = rp->be.get();
-            rp->fwd->set_reduce_hook([bep](ReducePoint, int, backend::Tensor partial) {
-                bep->all_reduce_sum(partial);
-                return Status{};  // a failure surfaces at the pass's end, from take_error
-            });
+            rp->fwd->set_shard(true);  // a failed all-reduce surfaces at the pass's end, from take_error
         });
     }
     for (auto& r : tp->ranks_) r->wait();

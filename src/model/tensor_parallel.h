@@ -93,7 +93,7 @@ public:
     const TpPlan& plan() const { return plan_; }
     int n_ranks() const { return plan_.n_ranks; }
     const backend::Backend& rank_backend(int rank) const;
-    size_t device_bytes() const;  // over every rank
+    size_t device_bytes() const override;  // over every rank
 
 private:
     TpForward() = default;

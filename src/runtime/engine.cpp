@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <thread>
 
+#include "model/tensor_parallel.h"
+
 namespace tern::runtime {
 
 Result<std::string> choose_backend(const std::string& requested, bool built_with_cuda,
@@ -91,10 +93,6 @@ Result<TpSetup> open_tensor_parallel(const std::string& name, const EngineOption
 
 }  // namespace
 
-size_t Engine::device_bytes() const {
-    return tp_forward_ ? tp_forward_->device_bytes() : backend_->device_bytes();
-}
-
 Result<std::unique_ptr<Engine>> Engine::open(const std::string& path, const EngineOptions& options) {
     std::unique_ptr<Engine> e(new Engine());
     e->options_ = options;
@@ -153,7 +151,6 @@ Result<std::unique_ptr<Engine>> Engine::open(const std::string& path, const Engi
         auto fwd = model::TpForward::create(e->model_, tp.group, tp.make_backend, max_batch, options.n_slots, n_ctx,
                                             progress);
         if (!fwd.ok()) return fwd.error();
-        e->tp_forward_ = fwd->get();
         e->forward_ = std::move(*fwd);
     }
     if (auto t = e->file_->get_string("tokenizer.chat_template")) e->chat_template_ = *t;

@@ -14,7 +14,6 @@
 #include "gguf/gguf.h"
 #include "model/forward.h"
 #include "model/model.h"
-#include "model/tensor_parallel.h"
 #include "text/tokenizer.h"
 
 namespace tern::runtime {
@@ -64,7 +63,7 @@ public:
     const std::string& backend_name() const { return backend_name_; }
     int tp() const { return tp_; }
     // Device memory held over every rank (weights, KV cache, workspace); 0 on the CPU.
-    size_t device_bytes() const;
+    size_t device_bytes() const { return forward_->device_bytes(); }
     const EngineOptions& options() const { return options_; }
     int n_ctx() const { return forward_->n_ctx(); }
     int n_vocab() const { return model_.hp.n_vocab; }
@@ -80,7 +79,6 @@ private:
     int tp_ = 1;
     model::Model model_;  // tp > 1: the whole model, described; the ranks hold shards
     std::unique_ptr<model::Pass> forward_;
-    model::TpForward* tp_forward_ = nullptr;  // forward_, when tp > 1
     std::optional<text::Tokenizer> tokenizer_;
     std::string chat_template_;
 };

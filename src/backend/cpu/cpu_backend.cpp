@@ -23,7 +23,10 @@ namespace {
 class CpuBackend final : public Backend {
 public:
     CpuBackend(int threads, std::shared_ptr<CommGroup> group, int rank)
-        : threads_(threads > 0 ? threads : omp_get_num_procs()), group_(std::move(group)), rank_(rank) {
+        : threads_(threads > 0 ? threads : omp_get_num_procs()),
+          group_(std::move(group)),
+          host_(dynamic_cast<HostGroup*>(group_.get())),
+          rank_(rank) {
         omp_set_num_threads(threads_);
     }
 
@@ -167,10 +170,9 @@ public:
     }
 
     void all_reduce_sum(Tensor x) override {
-        auto* host = dynamic_cast<HostGroup*>(group_.get());
-        if (!host) return note(Error{"cpu: all_reduce_sum needs a host group (this backend " +
+        if (!host_) return note(Error{"cpu: all_reduce_sum needs a host group (this backend " +
                                      std::string(group_ ? "is in a " + group_->kind() + " group)" : "has none)")});
-        if (Status s = host->all_reduce_sum(rank_, x.data, size_t(x.rows * x.cols)); !s.ok()) {
+        if (Status s = host_->all_reduce_sum(rank_, x.data, size_t(x.rows * x.cols)); !s.ok()) {
             group_->abandon(rank_);
             note(s);
         }
@@ -208,6 +210,7 @@ private:
 
     int threads_;
     std::shared_ptr<CommGroup> group_;
+    HostGroup* host_;  // group_ when it is a host group (the only kind CPU ranks sum through), else null
     int rank_ = 0;
     std::deque<std::vector<float>> buffers_;
     std::deque<std::vector<float>> small_f32_;

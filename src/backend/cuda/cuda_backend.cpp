@@ -71,7 +71,7 @@ public:
             return Error{"cuda: GPU " + std::to_string(device) + " (" + p.name + ") has compute capability " +
                          std::to_string(p.major) + "." + std::to_string(p.minor) + "; tern needs 8.0 or newer"};
         std::unique_ptr<CudaBackend> be(new CudaBackend(device));
-        be->group_ = std::move(group);
+        be->nccl_ = std::static_pointer_cast<NcclGroup>(std::move(group));  // checked above
         be->rank_ = rank;
         if (cudaError_t e = cudaStreamCreateWithFlags(&be->stream_, cudaStreamNonBlocking); e != cudaSuccess)
             return cuda_failure("cudaStreamCreate", e);
@@ -339,10 +339,9 @@ public:
     }
 
     void all_reduce_sum(Tensor x) override {
-        auto* nccl = dynamic_cast<NcclGroup*>(group_.get());
-        if (!nccl) return note(Error{"cuda: all_reduce_sum on a backend that is not in an NCCL group"});
+        if (!nccl_) return note(Error{"cuda: all_reduce_sum on a backend that is not in an NCCL group"});
         if (replaying_) return;  // the graph holds the collective
-        if (Status s = nccl->all_reduce_sum(rank_, x.data, size_t(x.rows * x.cols), stream_); !s.ok()) note(s);
+        if (Status s = nccl_->all_reduce_sum(rank_, x.data, size_t(x.rows * x.cols), stream_); !s.ok()) note(s);
     }
 
     void synchronize() override {
@@ -590,7 +589,7 @@ private:
     }
 
     int device_;
-    std::shared_ptr<CommGroup> group_;  // an NCCL group, for a tensor-parallel rank
+    std::shared_ptr<NcclGroup> nccl_;  // the group of a tensor-parallel rank, else null
     int rank_ = 0;
     cudaStream_t stream_ = nullptr;
     bool pad_q6k_ = true;
