@@ -3,6 +3,10 @@
 // acc per (token, query head), positions taken in chunks of 32 in increasing
 // order.
 //
+// Head dims 32..128 run on the tensor cores (attention_mma.cu); this file
+// holds the CUDA-core kernels for the wider heads (and for every shape under
+// TERN_ATTN_MMA=0), the split combine, and the dispatch.
+//
 // One warp computes one (token, query head). Lane l owns the D = head_dim / 32
 // contiguous dims l*D .. l*D+D-1 of q, of every K and V row and of acc, so a
 // K or V row is read by the whole warp with one coalesced (vector) load.
@@ -39,12 +43,20 @@
 // lives on one lane), so results are deterministic.
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string_view>
 
+#include "backend/cuda/attention_internal.cuh"
 #include "backend/cuda/ops.h"
 
 namespace tern::cuda {
 namespace {
+
+using attn::in_cache;
+using attn::Partials;
+using attn::slot_rows;
 
 constexpr int kWarp = 32;
 constexpr unsigned kFullMask = 0xffffffffu;
@@ -61,15 +73,6 @@ struct AttnShape {
     int warps = 0;   // query heads per CTA: min(group, kMaxWarps)
     int chunks = 0;  // CTAs per (token or tile, KV head): ceil(group / warps)
     float scale = 0.0f;
-};
-
-// Split partials of row r = (token * n_heads + head) and segment i, at index
-// r * n_seg + i: m and l one float each, acc head_dim floats.
-struct Partials {
-    float* acc = nullptr;
-    float* m = nullptr;
-    float* l = nullptr;
-    int n_seg = 0;
 };
 
 __device__ float warp_max(float v) {
@@ -272,16 +275,6 @@ template <int D>
 __device__ void load_q(const float* q_row, int lane, float (&q)[D]) {
 #pragma unroll
     for (int c = 0; c < D; ++c) q[c] = q_row[lane * D + c];
-}
-
-__device__ bool in_cache(const KvLayer& kv, int32_t slot, int32_t pos) {
-    return slot >= 0 && slot < kv.n_slots && pos >= 0 && pos < kv.n_ctx;
-}
-
-// K or V row 0 of (slot, kv head); rows follow every n_kv_heads * head_dim halves.
-__device__ const uint16_t* slot_rows(const uint16_t* cache, const KvLayer& kv, int32_t slot, int kvh) {
-    const int64_t stride = int64_t(kv.n_kv_heads) * kv.head_dim;
-    return cache + int64_t(slot) * kv.n_ctx * stride + int64_t(kvh) * kv.head_dim;
 }
 
 // Decode (and split) kernel. Grid: x = (token * n_kv_heads + kv_head) * chunks
@@ -577,17 +570,23 @@ int64_t max_split_tokens(int n_heads, int n_ctx) {
     return (2 * sms - 1) / n_heads;
 }
 
+// The workspace as split partials: acc, then m, then l (see Partials).
+Partials split_partials(float* workspace, int64_t n_tokens, int n_heads, const KvLayer& kv) {
+    Partials part;
+    part.n_seg = segments(kv.n_ctx);
+    const size_t rows = size_t(n_tokens) * size_t(n_heads) * size_t(part.n_seg);
+    part.acc = workspace;
+    part.m = part.acc + rows * size_t(kv.head_dim);
+    part.l = part.m + rows;
+    return part;
+}
+
 template <int D>
 void launch(const KvLayer& kv, const float* q, int64_t n_tokens, const AttnShape& sh, const int32_t* slot,
             const int32_t* pos, float* out, float* workspace, bool split, cudaStream_t stream) {
     const unsigned threads = unsigned(sh.warps * kWarp);
     if (split) {
-        Partials part;
-        part.n_seg = segments(kv.n_ctx);
-        const size_t rows = size_t(n_tokens) * size_t(sh.n_heads) * size_t(part.n_seg);
-        part.acc = workspace;
-        part.m = part.acc + rows * size_t(kv.head_dim);
-        part.l = part.m + rows;
+        const Partials part = split_partials(workspace, n_tokens, sh.n_heads, kv);
         const int seg = segment_length(kv.n_ctx);
         const unsigned ctas = unsigned(n_tokens * kv.n_kv_heads * sh.chunks);
         attention_decode_kernel<D><<<dim3(ctas, unsigned(part.n_seg)), threads, 0, stream>>>(kv, q, sh, slot, pos,
@@ -606,6 +605,36 @@ void launch(const KvLayer& kv, const float* q, int64_t n_tokens, const AttnShape
         attention_prefill_kernel<D><<<ctas, prefill_threads, 0, stream>>>(
             kv, q, sh, n_tokens, tile_tokens, slot, pos, out);
     }
+}
+
+// TERN_ATTN_MMA=0 keeps every shape on the CUDA-core kernels, for A/B
+// measurements (docs/perf/LOG.md); read once, so prefill and decode agree.
+bool tensor_cores_on() {
+    static const bool on = [] {
+        const char* e = std::getenv("TERN_ATTN_MMA");
+        return !(e && std::string_view(e) == "0");
+    }();
+    return on;
+}
+
+// The tensor-core kernel (attention_mma.cu) for the head shapes it takes.
+// Tiles: one token per CTA for decode-sized batches (their tokens usually
+// belong to different sequences), else about 64 rows of (token, head).
+void launch_mma(const KvLayer& kv, const float* q, int64_t n_tokens, int n_heads, float scale, const int32_t* slot,
+                const int32_t* pos, float* out, float* workspace, bool split, cudaStream_t stream) {
+    constexpr int kDecodeBatch = 16;
+    const int group = n_heads / kv.n_kv_heads;
+    const int tile_tokens = split || n_tokens <= kDecodeBatch ? 1 : std::max(1, 64 / group);
+    if (!split) {
+        attn::attention_mma(kv, q, n_tokens, n_heads, scale, slot, pos, out, Partials{}, kv.n_ctx, tile_tokens,
+                            stream);
+        return;
+    }
+    const Partials part = split_partials(workspace, n_tokens, n_heads, kv);
+    const int seg = segment_length(kv.n_ctx);
+    attn::attention_mma(kv, q, n_tokens, n_heads, scale, slot, pos, out, part, seg, 1, stream);
+    attention_combine_kernel<<<unsigned(n_tokens * n_heads), unsigned(kv.head_dim), 0, stream>>>(
+        kv, n_heads, kv.head_dim, slot, pos, part, seg, out);
 }
 
 }  // namespace
@@ -639,6 +668,10 @@ void attention(const KvLayer& kv, const float* q, int64_t n_tokens, int n_heads,
     sh.chunks = (sh.group + sh.warps - 1) / sh.warps;
     sh.scale = scale;
     const bool split = workspace != nullptr && attention_splits(n_tokens, n_heads, kv.n_ctx);
+    if (tensor_cores_on() && attn::mma_takes(sh.group, kv.head_dim)) {
+        launch_mma(kv, q, n_tokens, n_heads, scale, slot, pos, out, workspace, split, stream);
+        return;
+    }
     switch (kv.head_dim / kWarp) {
         case 1: launch<1>(kv, q, n_tokens, sh, slot, pos, out, workspace, split, stream); break;
         case 2: launch<2>(kv, q, n_tokens, sh, slot, pos, out, workspace, split, stream); break;

@@ -1,0 +1,352 @@
+// Attention on the tensor cores (mma.sync m16n8k16, f16 inputs, f32
+// accumulators), for head dims 32, 64, 96 and 128: prefill, decode and the
+// split-KV segments all run this one kernel, so a token gets the same bits
+// whatever batch it comes in.
+//
+// Rows are (token, query head) pairs of one KV head: row r of a CTA is token
+// t0 + r / group, head r % group. A warp owns 16 rows; a CTA stages chunks of
+// 32 positions of K and V (f16, as cached) in shared memory for all its warps.
+// Per chunk a warp forms S = Q K^T (16 rows x 32 positions), folds it into
+// each row's online softmax (running max m, denominator l, as the CPU twin
+// does per chunk of positions), and adds P V to its accumulators.
+//
+// Precision: K and V are f16 already, so their products with f16 operands
+// are exact; q and the probabilities are f32 and go in as two f16 terms,
+// hi = f16(x) and lo = f16(x - hi), each its own mma. That keeps about 22
+// bits of q and p, near the f32 CUDA-core kernel's accuracy, for twice the
+// tensor work (cheap: attention is far from the tensor-core roof).
+//
+// Determinism and batch independence: each row's arithmetic depends only on
+// its own q, its slot's K/V and its position: the chunk grid starts at the
+// segment's first position, positions past a row's end are masked to a zero
+// probability (and rows past every row's end are staged as zeros, so stale
+// cache bytes never meet a multiply), and a chunk with no position for a row
+// leaves its state untouched bit for bit (correction 1, products 0). Sums over
+// a row's quad of lanes are butterflies, whose result is the same on every lane.
+#include <cuda_fp16.h>
+
+#include <cmath>
+
+#include "backend/cuda/attention_internal.cuh"
+
+namespace tern::cuda::attn {
+namespace {
+
+constexpr int kChunk = 32;         // positions per step: four n8 tiles of S
+constexpr int kRowsPerWarp = 16;   // the m16 of the mma
+constexpr int kMaxWarps = kMmaMaxGroup / kRowsPerWarp;
+constexpr int kMaxTileTokens = 128;
+constexpr unsigned kAll = 0xffffffffu;
+
+struct Shape {
+    int n_heads = 0, n_kv_heads = 0, group = 0;
+    int tile_tokens = 0;  // tokens per CTA
+    int seg_len = 0;      // positions per segment (grid y)
+    float scale = 0.0f;
+};
+
+__device__ __forceinline__ void mma_f16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Four 8x8 f16 matrices from shared memory; lanes 8i..8i+7 address the rows of matrix i.
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const uint16_t* p) {
+    const unsigned addr = unsigned(__cvta_generic_to_shared(p));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const uint16_t* p) {
+    const unsigned addr = unsigned(__cvta_generic_to_shared(p));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+
+__device__ __forceinline__ unsigned half2_bits(__half2 h) { return *reinterpret_cast<unsigned*>(&h); }
+
+// (a, b) as two f16 pairs: hi = f16(a), f16(b) and lo = f16 of what hi missed.
+__device__ __forceinline__ void split_pair(float a, float b, unsigned& hi, unsigned& lo) {
+    const __half2 h = __floats2half2_rn(a, b);
+    const float2 back = __half22float2(h);
+    hi = half2_bits(h);
+    lo = half2_bits(__floats2half2_rn(__fsub_rn(a, back.x), __fsub_rn(b, back.y)));
+}
+
+// Starts copying rows c0..c0+n-1 of K or V (f16, global) into a chunk tile
+// of pitch P halves, 16 bytes per cp.async; rows n..kChunk-1 become zeros
+// (a zero-byte source fills them). The caller commits and waits.
+template <int HD, int P>
+__device__ void stage_async(const uint16_t* rows, int64_t stride, int c0, int n, uint16_t* tile) {
+    constexpr int per_row = HD / 8;  // 16-byte pieces
+    for (int i = int(threadIdx.x); i < kChunk * per_row; i += int(blockDim.x)) {
+        const int j = i / per_row, c = i % per_row;
+        const uint16_t* src = rows + int64_t(c0 + (j < n ? j : 0)) * stride + c * 8;
+        const unsigned dst = unsigned(__cvta_generic_to_shared(tile + j * P + c * 8));
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(j < n ? 16 : 0)
+                     : "memory");
+    }
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+template <int HD>
+__global__ void __launch_bounds__(kMaxWarps * 32)
+    attention_mma_kernel(KvLayer kv, const float* __restrict__ q, Shape sh, int64_t n_tokens,
+                         const int32_t* slot, const int32_t* pos, float* out, Partials part) {
+    constexpr int KS = HD / 16;     // k steps of q.k
+    constexpr int NT = HD / 8;      // n8 tiles of the accumulator
+    constexpr int P = HD + 8;       // halves per staged row: ldmatrix rows land in distinct banks
+    // Two buffers: the next chunk loads while this one is computed.
+    __shared__ __align__(16) uint16_t k_tile[2][kChunk * P];
+    __shared__ __align__(16) uint16_t v_tile[2][kChunk * P];
+    __shared__ int pass_slot[kMaxTileTokens], pass_end[kMaxTileTokens];
+    __shared__ int n_pass;
+
+    const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+    const int g = lane >> 2, tig = lane & 3;
+    const int kvh = int(blockIdx.x % unsigned(sh.n_kv_heads));
+    // Heaviest tiles (latest tokens, longest contexts) first.
+    const int64_t n_tiles = (n_tokens + sh.tile_tokens - 1) / sh.tile_tokens;
+    const int64_t t0 = (n_tiles - 1 - int64_t(blockIdx.x / unsigned(sh.n_kv_heads))) * sh.tile_tokens;
+    const int n_rows = sh.tile_tokens * sh.group;
+    const bool split = part.acc != nullptr;
+    const int begin = split ? int(blockIdx.y) * sh.seg_len : 0;
+    const int seg_end = split ? begin + sh.seg_len : kv.n_ctx;
+
+    // This lane's two rows: g and g + 8 of the warp's sixteen.
+    bool live[2], cached[2];
+    int row_slot[2], row_end[2];
+    int64_t out_row[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = warp * kRowsPerWarp + g + 8 * h;
+        const int64_t t = t0 + r / sh.group;
+        live[h] = r < n_rows && t < n_tokens;
+        cached[h] = false;
+        row_slot[h] = -1;
+        row_end[h] = 0;
+        out_row[h] = t * sh.n_heads + int64_t(kvh) * sh.group + r % sh.group;
+        if (live[h]) {
+            const int32_t s = slot[t], p = pos[t];
+            cached[h] = in_cache(kv, s, p);
+            if (cached[h]) {
+                row_slot[h] = s;
+                row_end[h] = min(p + 1, seg_end);
+            } else if (!split) {
+                // A NaN row makes the caller's bug visible; in split mode the combine writes it.
+#pragma unroll
+                for (int j = 0; j < NT; ++j)
+                    *reinterpret_cast<float2*>(out + out_row[h] * HD + 8 * j + 2 * tig) = make_float2(NAN, NAN);
+            }
+        }
+    }
+
+    // The tile's slots in order of first appearance, each with its furthest
+    // position: one pass over the chunks per slot (one pass but for batches
+    // that mix sequences in a tile).
+    if (threadIdx.x == 0) {
+        int n = 0;
+        const int64_t t_end = min(t0 + int64_t(sh.tile_tokens), n_tokens);
+        for (int64_t u = t0; u < t_end; ++u) {
+            const int32_t s = slot[u], p = pos[u];
+            if (!in_cache(kv, s, p)) continue;
+            int i = 0;
+            while (i < n && pass_slot[i] != s) ++i;
+            if (i == n) {
+                pass_slot[n] = s;
+                pass_end[n++] = 0;
+            }
+            pass_end[i] = max(pass_end[i], p + 1);
+        }
+        n_pass = n;
+    }
+    __syncthreads();
+
+    // q as hi/lo f16 A fragments: a[0] row g, a[1] row g + 8, dims 16k + 2tig
+    // (+1); a[2], a[3] the same rows, dims + 8.
+    unsigned qa_hi[KS][4], qa_lo[KS][4];
+#pragma unroll
+    for (int k = 0; k < KS; ++k)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int h = i & 1, dim = 16 * k + 2 * tig + 8 * (i >> 1);
+            float2 x = make_float2(0.0f, 0.0f);
+            if (cached[h]) x = *reinterpret_cast<const float2*>(q + out_row[h] * HD + dim);
+            split_pair(x.x, x.y, qa_hi[k][i], qa_lo[k][i]);
+        }
+
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    const int64_t stride = int64_t(kv.n_kv_heads) * HD;
+
+    for (int ps = 0; ps < n_pass; ++ps) {
+        const int s = pass_slot[ps];
+        const int stage_end = min(pass_end[ps], seg_end);
+        int end[2];  // this pass's end for each of the lane's rows (0: not in this pass)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) end[h] = row_slot[h] == s ? row_end[h] : 0;
+        const int warp_end = __reduce_max_sync(kAll, unsigned(max(end[0], end[1])));
+        const uint16_t* k_rows = slot_rows(kv.k, kv, s, kvh);
+        const uint16_t* v_rows = slot_rows(kv.v, kv, s, kvh);
+
+        // Chunk i computes from buffer i % 2 while chunk i + 1 loads into the other.
+        auto issue = [&](int c0) {
+            const int buf = ((c0 - begin) / kChunk) & 1, n = min(kChunk, stage_end - c0);
+            stage_async<HD, P>(k_rows, stride, c0, n, k_tile[buf]);
+            stage_async<HD, P>(v_rows, stride, c0, n, v_tile[buf]);
+            cp_async_commit();
+        };
+        __syncthreads();  // the previous pass's warps are done with both buffers
+        if (begin < stage_end) issue(begin);
+        for (int c0 = begin; c0 < stage_end; c0 += kChunk) {
+            const int buf = ((c0 - begin) / kChunk) & 1;
+            __syncthreads();  // every warp is done with the buffer the next issue overwrites
+            if (c0 + kChunk < stage_end) {
+                issue(c0 + kChunk);
+                cp_async_wait<1>();
+            } else {
+                cp_async_wait<0>();
+            }
+            __syncthreads();  // this chunk's bytes are visible to every warp
+            if (c0 >= warp_end) continue;  // warp-uniform: no row of this warp reaches the chunk
+            const uint16_t* k_chunk = k_tile[buf];
+            const uint16_t* v_chunk = v_tile[buf];
+
+            // S = q K^T: n8 tile i holds positions 8i..8i+7; for each k step the hi term, then the lo.
+            float sc[4][4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.0f;
+#pragma unroll
+                for (int k = 0; k < KS; k += 2) {
+                    unsigned b[4];
+                    ldmatrix_x4(b, k_chunk + (8 * i + (lane & 7)) * P + 16 * k + 8 * (lane >> 3));
+                    mma_f16(sc[i], qa_hi[k], b[0], b[1]);
+                    mma_f16(sc[i], qa_lo[k], b[0], b[1]);
+                    mma_f16(sc[i], qa_hi[k + 1], b[2], b[3]);
+                    mma_f16(sc[i], qa_lo[k + 1], b[2], b[3]);
+                }
+            }
+
+            // Online softmax per row; p[h][2i + e] is position c0 + 8i + 2tig + e of row g + 8h.
+            float p[2][8];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float mx = -INFINITY;
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const bool valid = c0 + 8 * i + 2 * tig + e < end[h];
+                        const float score = valid ? __fmul_rn(sc[i][2 * h + e], sh.scale) : -INFINITY;
+                        p[h][2 * i + e] = score;
+                        mx = fmaxf(mx, score);
+                    }
+                mx = fmaxf(mx, __shfl_xor_sync(kAll, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(kAll, mx, 2));
+                const float m_new = fmaxf(m[h], mx);
+                // No position yet (m_new = -inf): nothing to correct or weigh.
+                const float correction = m_new == -INFINITY ? 1.0f : expf(__fsub_rn(m[h], m_new));
+                float sum = 0.0f;
+#pragma unroll
+                for (int i = 0; i < 8; ++i) {
+                    const float w = p[h][i] == -INFINITY ? 0.0f : expf(__fsub_rn(p[h][i], m_new));
+                    p[h][i] = w;
+                    sum = i == 0 ? w : __fadd_rn(sum, w);
+                }
+                sum = __fadd_rn(sum, __shfl_xor_sync(kAll, sum, 1));
+                sum = __fadd_rn(sum, __shfl_xor_sync(kAll, sum, 2));
+                l[h] = __fadd_rn(__fmul_rn(l[h], correction), sum);
+                m[h] = m_new;
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+                    acc[j][2 * h] = __fmul_rn(acc[j][2 * h], correction);
+                    acc[j][2 * h + 1] = __fmul_rn(acc[j][2 * h + 1], correction);
+                }
+            }
+
+            // acc += P V over the chunk's two k16 steps; the S tiles 2k, 2k + 1 are the A fragment.
+#pragma unroll
+            for (int k = 0; k < 2; ++k) {
+                unsigned pa_hi[4], pa_lo[4];
+                split_pair(p[0][4 * k], p[0][4 * k + 1], pa_hi[0], pa_lo[0]);
+                split_pair(p[1][4 * k], p[1][4 * k + 1], pa_hi[1], pa_lo[1]);
+                split_pair(p[0][4 * k + 2], p[0][4 * k + 3], pa_hi[2], pa_lo[2]);
+                split_pair(p[1][4 * k + 2], p[1][4 * k + 3], pa_hi[3], pa_lo[3]);
+#pragma unroll
+                for (int j = 0; j < NT; j += 2) {
+                    unsigned b[4];
+                    ldmatrix_x4_trans(b, v_chunk + (16 * k + (lane & 7) + 8 * ((lane >> 3) & 1)) * P + 8 * j +
+                                             8 * (lane >> 4));
+                    mma_f16(acc[j], pa_hi, b[0], b[1]);
+                    mma_f16(acc[j], pa_lo, b[0], b[1]);
+                    mma_f16(acc[j + 1], pa_hi, b[2], b[3]);
+                    mma_f16(acc[j + 1], pa_lo, b[2], b[3]);
+                }
+            }
+        }
+    }
+
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        if (!cached[h] || row_end[h] <= begin) continue;  // split: the combine does not read this segment
+        if (split) {
+            const int64_t r = out_row[h] * part.n_seg + blockIdx.y;
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+                *reinterpret_cast<float2*>(part.acc + r * HD + 8 * j + 2 * tig) =
+                    make_float2(acc[j][2 * h], acc[j][2 * h + 1]);
+            if (tig == 0) {
+                part.m[r] = m[h];
+                part.l[r] = l[h];
+            }
+        } else {
+            const float inv = l[h] > 0.0f ? __fdiv_rn(1.0f, l[h]) : 0.0f;
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+                *reinterpret_cast<float2*>(out + out_row[h] * HD + 8 * j + 2 * tig) =
+                    make_float2(__fmul_rn(acc[j][2 * h], inv), __fmul_rn(acc[j][2 * h + 1], inv));
+        }
+    }
+}
+
+}  // namespace
+
+bool mma_takes(int group, int head_dim) {
+    return group >= 1 && group <= kMmaMaxGroup && head_dim >= 32 && head_dim <= 128 && head_dim % 32 == 0;
+}
+
+void attention_mma(const KvLayer& kv, const float* q, int64_t n_tokens, int n_heads, float scale,
+                   const int32_t* slot, const int32_t* pos, float* out, Partials part, int seg_len,
+                   int tile_tokens, cudaStream_t stream) {
+    Shape sh;
+    sh.n_heads = n_heads;
+    sh.n_kv_heads = kv.n_kv_heads;
+    sh.group = n_heads / kv.n_kv_heads;
+    sh.tile_tokens = tile_tokens;
+    sh.seg_len = seg_len;
+    sh.scale = scale;
+    const int rows = tile_tokens * sh.group;  // the caller keeps this <= kMmaMaxGroup
+    const unsigned threads = unsigned((rows + kRowsPerWarp - 1) / kRowsPerWarp * 32);
+    const int64_t tiles = (n_tokens + tile_tokens - 1) / tile_tokens;
+    const dim3 grid(unsigned(tiles * kv.n_kv_heads), part.acc ? unsigned(part.n_seg) : 1u);
+    switch (kv.head_dim) {
+        case 32: attention_mma_kernel<32><<<grid, threads, 0, stream>>>(kv, q, sh, n_tokens, slot, pos, out, part); break;
+        case 64: attention_mma_kernel<64><<<grid, threads, 0, stream>>>(kv, q, sh, n_tokens, slot, pos, out, part); break;
+        case 96: attention_mma_kernel<96><<<grid, threads, 0, stream>>>(kv, q, sh, n_tokens, slot, pos, out, part); break;
+        case 128: attention_mma_kernel<128><<<grid, threads, 0, stream>>>(kv, q, sh, n_tokens, slot, pos, out, part); break;
+        default: break;  // mma_takes refused it
+    }
+}
+
+}  // namespace tern::cuda::attn
