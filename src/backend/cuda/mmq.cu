@@ -26,8 +26,8 @@ struct Stage {
     int8_t x[kTileTokens][kPitch];
     int wscale[kTileRows][8];           // sc0 | sc1 << 8 | mn << 16 (bytes)
     float2 wdm[kTileRows][8];           // d, m; q4_K/q5_K: d * sc, dmin * mn (term_min_fused's products)
-    float xd[kTileTokens][8];
-    int xsum[kTileTokens][8];           // the block's sum; q4_K/q5_K: the bits of da * sum
+    float xd[8][kTileTokens];           // [block][token]: a lane's two adjacent tokens are one 8-byte load
+    int xsum[8][kTileTokens];           // the block's sum; q4_K/q5_K: the bits of da * sum
 };
 
 __device__ __forceinline__ void mma_k32(int (&c)[4], const int (&a)[4], int b0, int b1) {
@@ -103,21 +103,29 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(DevWeight w, DevAct a,
                 const int4* src = reinterpret_cast<const int4*>(a.qs + ab * 32);
                 dst[0] = src[0];
                 dst[1] = src[1];
-                s.xd[t][j] = a.d[ab];
+                s.xd[j][t] = a.d[ab];
                 if (K == TermKind::min)
-                    s.xsum[t][j] = __float_as_int(__fmul_rn(a.d[ab], __int2float_rn(a.sum[ab])));
+                    s.xsum[j][t] = __float_as_int(__fmul_rn(a.d[ab], __int2float_rn(a.sum[ab])));
                 else
-                    s.xsum[t][j] = a.sum[ab];
+                    s.xsum[j][t] = a.sum[ab];
             } else {
                 dst[0] = dst[1] = make_int4(0, 0, 0, 0);
-                s.xd[t][j] = 0.0f;
-                s.xsum[t][j] = 0;
+                s.xd[j][t] = 0.0f;
+                s.xsum[j][t] = 0;
             }
         }
         __syncthreads();
 
+        // The chunk's sum starts at -0.0, so the first term enters unchanged
+        // (-0 + t == t for every t, signed zeros included).
         float c[2][4][4];
-        for (int j = 0; j < nb; ++j) {
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+            for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) c[mi][ni][e] = -0.0f;
+        auto block = [&](int j) {
             const int k0 = j * 32 + tig * 4;
             int af[2][4];
             BlockVals rv[2][2];  // scales of this lane's rows g and g + 8 of each 16-row slice
@@ -146,8 +154,10 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(DevWeight w, DevAct a,
                 const int b1 = *reinterpret_cast<const int*>(&s.x[tcol][k0 + 16]);
                 // The token columns this lane's accumulators hold.
                 const int t0 = wt + ni * 8 + tig * 2;
-                const float da0 = s.xd[t0][j], da1 = s.xd[t0 + 1][j];
-                const int as0 = s.xsum[t0][j], as1 = s.xsum[t0 + 1][j];
+                const float2 da = *reinterpret_cast<const float2*>(&s.xd[j][t0]);
+                const int2 as = *reinterpret_cast<const int2*>(&s.xsum[j][t0]);
+                const float da0 = da.x, da1 = da.y;
+                const int as0 = as.x, as1 = as.y;
 #pragma unroll
                 for (int mi = 0; mi < 2; ++mi) {
                     int h0[4], h1[4];
@@ -172,10 +182,11 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(DevWeight w, DevAct a,
                         t_[3] = block_term<K>(rv[mi][1], h0[3], h1[3], da1, as1);
                     }
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) c[mi][ni][e] = j == 0 ? t_[e] : __fadd_rn(c[mi][ni][e], t_[e]);
+                    for (int e = 0; e < 4; ++e) c[mi][ni][e] = __fadd_rn(c[mi][ni][e], t_[e]);
                 }
             }
-        }
+        };
+        for (int j = 0; j < nb; ++j) block(j);
 #pragma unroll
         for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
