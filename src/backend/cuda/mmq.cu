@@ -39,6 +39,17 @@ __device__ __forceinline__ void mma_k32(int (&c)[4], const int (&a)[4], int b0, 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Four 8x8 b16 matrices (here 8 rows x 16 int8 bytes each) from shared
+// memory; lanes 8i..8i+7 address the rows of matrix i, and each lane gets
+// bytes 4*(lane%4)..+3 of row lane/4 of every matrix: the mma fragment layout.
+__device__ __forceinline__ void ldmatrix_x4(int (&r)[4], const int8_t* p) {
+    const unsigned addr = unsigned(__cvta_generic_to_shared(p));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+
 __device__ __forceinline__ void mma_k16(int (&c)[4], int a0, int a1, int b0) {
     c[0] = c[1] = c[2] = c[3] = 0;
     asm volatile(
@@ -126,16 +137,15 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(DevWeight w, DevAct a,
 #pragma unroll
                 for (int e = 0; e < 4; ++e) c[mi][ni][e] = -0.0f;
         auto block = [&](int j) {
-            const int k0 = j * 32 + tig * 4;
+            // A fragments of this lane: rows g, g + 8 of each 16-row slice,
+            // bytes 4tig.. of the block's halves (matrices: rows 0-7 / 8-15 x
+            // bytes 0-15 / 16-31).
             int af[2][4];
             BlockVals rv[2][2];  // scales of this lane's rows g and g + 8 of each 16-row slice
 #pragma unroll
             for (int mi = 0; mi < 2; ++mi) {
                 const int r = wr + mi * 16 + g;
-                af[mi][0] = *reinterpret_cast<const int*>(&s.w[r][k0]);
-                af[mi][1] = *reinterpret_cast<const int*>(&s.w[r + 8][k0]);
-                af[mi][2] = *reinterpret_cast<const int*>(&s.w[r][k0 + 16]);
-                af[mi][3] = *reinterpret_cast<const int*>(&s.w[r + 8][k0 + 16]);
+                ldmatrix_x4(af[mi], &s.w[wr + mi * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)][j * 32 + 16 * (lane >> 4)]);
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const int packed = s.wscale[r + 8 * h][j];
@@ -147,11 +157,15 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(DevWeight w, DevAct a,
                     rv[mi][h].m = dm.y;
                 }
             }
+            // B fragments of token tiles ni, ni + 1 (tokens wt + 8ni + g): bytes
+            // 4tig.. of the block's halves.
+            int bf[2][4];
+#pragma unroll
+            for (int np = 0; np < 2; ++np)
+                ldmatrix_x4(bf[np], &s.x[wt + np * 16 + (lane & 7) + 8 * (lane >> 4)][j * 32 + 16 * ((lane >> 3) & 1)]);
 #pragma unroll
             for (int ni = 0; ni < 4; ++ni) {
-                const int tcol = wt + ni * 8 + g;  // the token this lane feeds into B
-                const int b0 = *reinterpret_cast<const int*>(&s.x[tcol][k0]);
-                const int b1 = *reinterpret_cast<const int*>(&s.x[tcol][k0 + 16]);
+                const int b0 = bf[ni >> 1][2 * (ni & 1)], b1 = bf[ni >> 1][2 * (ni & 1) + 1];
                 // The token columns this lane's accumulators hold.
                 const int t0 = wt + ni * 8 + tig * 2;
                 const float2 da = *reinterpret_cast<const float2*>(&s.xd[j][t0]);
