@@ -28,6 +28,7 @@
 #include <cmath>
 
 #include "backend/cuda/attention_internal.cuh"
+#include "backend/cuda/ldmatrix.cuh"
 
 namespace tern::cuda::attn {
 namespace {
@@ -51,22 +52,6 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], const unsigned (&a)[4], u
         "{%0,%1,%2,%3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Four 8x8 f16 matrices from shared memory; lanes 8i..8i+7 address the rows of matrix i.
-__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const uint16_t* p) {
-    const unsigned addr = unsigned(__cvta_generic_to_shared(p));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr)
-                 : "memory");
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const uint16_t* p) {
-    const unsigned addr = unsigned(__cvta_generic_to_shared(p));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr)
-                 : "memory");
 }
 
 __device__ __forceinline__ unsigned half2_bits(__half2 h) { return *reinterpret_cast<unsigned*>(&h); }
@@ -286,7 +271,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
 #pragma unroll
                 for (int j = 0; j < NT; j += 2) {
                     unsigned b[4];
-                    ldmatrix_x4_trans(b, v_chunk + (16 * k + (lane & 7) + 8 * ((lane >> 3) & 1)) * P + 8 * j +
+                    ldmatrix_x4<true>(b, v_chunk + (16 * k + (lane & 7) + 8 * ((lane >> 3) & 1)) * P + 8 * j +
                                              8 * (lane >> 4));
                     mma_f16(acc[j], pa_hi, b[0], b[1]);
                     mma_f16(acc[j], pa_lo, b[0], b[1]);

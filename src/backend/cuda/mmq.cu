@@ -11,6 +11,7 @@
 
 #include "backend/cuda/block_decode.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/ldmatrix.cuh"
 
 namespace tern::cuda {
 namespace {
@@ -37,17 +38,6 @@ __device__ __forceinline__ void mma_k32(int (&c)[4], const int (&a)[4], int b0, 
         "{%0,%1,%2,%3};\n"
         : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Four 8x8 b16 matrices (here 8 rows x 16 int8 bytes each) from shared
-// memory; lanes 8i..8i+7 address the rows of matrix i, and each lane gets
-// bytes 4*(lane%4)..+3 of row lane/4 of every matrix: the mma fragment layout.
-__device__ __forceinline__ void ldmatrix_x4(int (&r)[4], const int8_t* p) {
-    const unsigned addr = unsigned(__cvta_generic_to_shared(p));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr)
-                 : "memory");
 }
 
 __device__ __forceinline__ void mma_k16(int (&c)[4], int a0, int a1, int b0) {
