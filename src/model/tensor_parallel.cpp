@@ -31,39 +31,50 @@ std::string type_name(TensorType t) { return tensor_type_name(uint32_t(t)); }
 
 }  // namespace
 
-Result<backend::Weight> weight_rows(const backend::Weight& w, int64_t r0, int64_t r1) {
-    if (!w.host) return Error{"tensor parallel: weight '" + w.name + "' has no host data to view"};
-    if (r0 < 0 || r1 <= r0 || r1 > w.rows)
-        return Error{"tensor parallel: rows [" + str(r0) + ", " + str(r1) + ") of '" + w.name + "' (" +
-                     str(w.rows) + " rows)"};
-    const BlockGeometry b = block_of(w.type);
-    if (b.elems == 0 || w.cols % b.elems != 0)
-        return Error{"tensor parallel: weight '" + w.name + "' (" + type_name(w.type) + ") has ragged rows"};
-    const size_t stride = w.row_bytes ? w.row_bytes : size_t(w.cols / b.elems * b.bytes);
+namespace {
+
+// A copy of w that views part of its host bytes: named after the part, with
+// the full row's stride (a view of a view keeps its parent's), registered
+// nowhere yet. The caller narrows rows or columns and moves host.
+backend::Weight view_of(const backend::Weight& w, const std::string& part, const BlockGeometry& b) {
     backend::Weight v = w;
-    v.name = w.name + "[" + str(r0) + ":" + str(r1) + ", :]";
-    v.rows = r1 - r0;
-    v.host = static_cast<const uint8_t*>(w.host) + size_t(r0) * stride;
-    v.row_bytes = stride;
+    v.name = w.name + part;
+    v.row_bytes = w.row_bytes ? w.row_bytes : size_t(w.cols / b.elems * b.bytes);
     v.impl = nullptr;
     return v;
 }
 
-Result<backend::Weight> weight_cols(const backend::Weight& w, int64_t c0, int64_t c1) {
+// A view needs host bytes, and lo..hi-1 within the n rows or columns (what) of w.
+Status check_view(const backend::Weight& w, const std::string& what, int64_t lo, int64_t hi, int64_t n) {
     if (!w.host) return Error{"tensor parallel: weight '" + w.name + "' has no host data to view"};
-    if (c0 < 0 || c1 <= c0 || c1 > w.cols)
-        return Error{"tensor parallel: columns [" + str(c0) + ", " + str(c1) + ") of '" + w.name + "' (" +
-                     str(w.cols) + " columns)"};
+    if (lo < 0 || hi <= lo || hi > n)
+        return Error{"tensor parallel: " + what + " [" + str(lo) + ", " + str(hi) + ") of '" + w.name + "' (" +
+                     str(n) + " " + what + ")"};
+    return {};
+}
+
+}  // namespace
+
+Result<backend::Weight> weight_rows(const backend::Weight& w, int64_t r0, int64_t r1) {
+    if (Status st = check_view(w, "rows", r0, r1, w.rows); !st.ok()) return Error{st.message()};
+    const BlockGeometry b = block_of(w.type);
+    if (b.elems == 0 || w.cols % b.elems != 0)
+        return Error{"tensor parallel: weight '" + w.name + "' (" + type_name(w.type) + ") has ragged rows"};
+    backend::Weight v = view_of(w, "[" + str(r0) + ":" + str(r1) + ", :]", b);
+    v.rows = r1 - r0;
+    v.host = static_cast<const uint8_t*>(w.host) + size_t(r0) * v.row_bytes;
+    return v;
+}
+
+Result<backend::Weight> weight_cols(const backend::Weight& w, int64_t c0, int64_t c1) {
+    if (Status st = check_view(w, "columns", c0, c1, w.cols); !st.ok()) return Error{st.message()};
     const BlockGeometry b = block_of(w.type);
     if (b.elems == 0 || w.cols % b.elems != 0 || c0 % b.elems != 0 || c1 % b.elems != 0)
         return Error{"tensor parallel: columns [" + str(c0) + ", " + str(c1) + ") of '" + w.name + "' (" +
                      type_name(w.type) + ", " + str(b.elems) + "-element blocks) are not block aligned"};
-    backend::Weight v = w;
-    v.name = w.name + "[:, " + str(c0) + ":" + str(c1) + "]";
+    backend::Weight v = view_of(w, "[:, " + str(c0) + ":" + str(c1) + "]", b);
     v.cols = c1 - c0;
     v.host = static_cast<const uint8_t*>(w.host) + size_t(c0 / b.elems * b.bytes);
-    v.row_bytes = w.row_bytes ? w.row_bytes : size_t(w.cols / b.elems * b.bytes);  // stride: the full row
-    v.impl = nullptr;
     return v;
 }
 

@@ -581,6 +581,13 @@ Partials split_partials(float* workspace, int64_t n_tokens, int n_heads, const K
     return part;
 }
 
+// The combine of either implementation's split partials: a CTA per (token, head) row.
+void combine(const KvLayer& kv, int64_t n_tokens, int n_heads, const int32_t* slot, const int32_t* pos,
+             const Partials& part, int seg_len, float* out, cudaStream_t stream) {
+    attention_combine_kernel<<<unsigned(n_tokens * n_heads), unsigned(kv.head_dim), 0, stream>>>(
+        kv, n_heads, kv.head_dim, slot, pos, part, seg_len, out);
+}
+
 template <int D>
 void launch(const KvLayer& kv, const float* q, int64_t n_tokens, const AttnShape& sh, const int32_t* slot,
             const int32_t* pos, float* out, float* workspace, bool split, cudaStream_t stream) {
@@ -591,8 +598,7 @@ void launch(const KvLayer& kv, const float* q, int64_t n_tokens, const AttnShape
         const unsigned ctas = unsigned(n_tokens * kv.n_kv_heads * sh.chunks);
         attention_decode_kernel<D><<<dim3(ctas, unsigned(part.n_seg)), threads, 0, stream>>>(kv, q, sh, slot, pos,
                                                                                             out, part, seg);
-        attention_combine_kernel<<<unsigned(n_tokens * sh.n_heads), unsigned(kv.head_dim), 0, stream>>>(
-            kv, sh.n_heads, kv.head_dim, slot, pos, part, seg, out);
+        combine(kv, n_tokens, sh.n_heads, slot, pos, part, seg, out, stream);
     } else if (n_tokens == 1) {
         const unsigned ctas = unsigned(kv.n_kv_heads * sh.chunks);
         attention_decode_kernel<D><<<dim3(ctas, 1), threads, 0, stream>>>(kv, q, sh, slot, pos, out, Partials{},
@@ -633,8 +639,7 @@ void launch_mma(const KvLayer& kv, const float* q, int64_t n_tokens, int n_heads
     const Partials part = split_partials(workspace, n_tokens, n_heads, kv);
     const int seg = segment_length(kv.n_ctx);
     attn::attention_mma(kv, q, n_tokens, n_heads, scale, slot, pos, out, part, seg, 1, stream);
-    attention_combine_kernel<<<unsigned(n_tokens * n_heads), unsigned(kv.head_dim), 0, stream>>>(
-        kv, n_heads, kv.head_dim, slot, pos, part, seg, out);
+    combine(kv, n_tokens, n_heads, slot, pos, part, seg, out, stream);
 }
 
 }  // namespace

@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(DevWeight w, DevAct a,
             for (int ni = 0; ni < 4; ++ni)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) c[mi][ni][e] = -0.0f;
-        auto block = [&](int j) {
+        for (int j = 0; j < nb; ++j) {
             // A fragments of this lane: rows g, g + 8 of each 16-row slice,
             // bytes 4tig.. of the block's halves (matrices: rows 0-7 / 8-15 x
             // bytes 0-15 / 16-31).
@@ -189,8 +189,7 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(DevWeight w, DevAct a,
                     for (int e = 0; e < 4; ++e) c[mi][ni][e] = __fadd_rn(c[mi][ni][e], t_[e]);
                 }
             }
-        };
-        for (int j = 0; j < nb; ++j) block(j);
+        }
 #pragma unroll
         for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
