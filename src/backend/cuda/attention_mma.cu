@@ -154,6 +154,14 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
         n_pass = n;
     }
     __syncthreads();
+    // A split segment past every row's end has nothing to compute or write (the
+    // combine reads no segment at or past a row's end). Decode graphs launch
+    // segments for the whole cache, so most of them leave here, CTA-uniformly.
+    if (split) {
+        int furthest = 0;
+        for (int ps = 0; ps < n_pass; ++ps) furthest = max(furthest, pass_end[ps]);
+        if (furthest <= begin) return;
+    }
 
     // q as hi/lo f16 A fragments: a[0] row g, a[1] row g + 8, dims 16k + 2tig
     // (+1); a[2], a[3] the same rows, dims + 8.

@@ -147,15 +147,27 @@ __device__ __forceinline__ BlockVals decode_block<WType::Q8_0, false>(const uint
     return v;
 }
 
-// q4_K / q5_K sub-block j: 6-bit scale and min packed in 12 bytes (quant/kquant_scales.h).
-__device__ __forceinline__ void k4_scale_min(const uint8_t* s, int j, int& sc, int& mn) {
-    if (j < 4) {
-        sc = s[j] & 63;
-        mn = s[j + 4] & 63;
-    } else {
-        sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
-        mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-    }
+// q4_K / q5_K sub-block j: 6-bit scale and min packed in 12 bytes
+// (quant/kquant_scales.h), given as three little-endian words. Unpacked
+// without branches: j differs between the lanes of a warp.
+__device__ __forceinline__ void k4_scale_min(int s0, int s1, int s2, int j, int& sc, int& mn) {
+    const int sh = 8 * (j & 3);
+    // j < 4: b0 = s[j], b1 = s[j + 4]; j >= 4: b0 = s[j - 4], b1 = s[j], b2 = s[j + 4].
+    const int b0 = (s0 >> sh) & 0xFF, b1 = (s1 >> sh) & 0xFF, b2 = (s2 >> sh) & 0xFF;
+    sc = j < 4 ? b0 & 63 : (b2 & 0xF) | ((b0 >> 6) << 4);
+    mn = j < 4 ? b1 & 63 : (b2 >> 4) | ((b1 >> 6) << 4);
+}
+
+// The first 16 bytes of a q4_K / q5_K super-block (d, dmin, the 12 scale
+// bytes) in one load: the blocks (144 / 176 bytes) keep 16-byte alignment.
+__device__ __forceinline__ void k4_header(const uint8_t* sb, int j, BlockVals& v) {
+    const int4 h = *reinterpret_cast<const int4*>(sb);
+    v.d = __half2float(__ushort_as_half(uint16_t(h.x & 0xFFFF)));
+    v.m = __half2float(__ushort_as_half(uint16_t(uint32_t(h.x) >> 16)));
+    int sc, mn;
+    k4_scale_min(h.y, h.z, h.w, j, sc, mn);
+    v.sc0 = v.sc1 = sc;
+    v.mn = mn;
 }
 
 // 32 bytes from a 16-byte aligned address as eight ints.
@@ -174,12 +186,7 @@ __device__ __forceinline__ void load32_align2(const uint8_t* p, int (&w)[8]) {
 template <>
 __device__ __forceinline__ BlockVals decode_block<WType::Q4_K, false>(const uint8_t* sb, int j) {
     BlockVals v;
-    v.d = f16_at(sb);
-    v.m = f16_at(sb + 2);
-    int sc, mn;
-    k4_scale_min(sb + 4, j, sc, mn);
-    v.sc0 = v.sc1 = sc;
-    v.mn = mn;
+    k4_header(sb, j, v);
     int w[8];
     load32_aligned(sb + 16 + 32 * (j >> 1), w);  // 144-byte blocks keep 16-byte alignment
     const int shift = 4 * (j & 1);
@@ -191,12 +198,7 @@ __device__ __forceinline__ BlockVals decode_block<WType::Q4_K, false>(const uint
 template <>
 __device__ __forceinline__ BlockVals decode_block<WType::Q5_K, false>(const uint8_t* sb, int j) {
     BlockVals v;
-    v.d = f16_at(sb);
-    v.m = f16_at(sb + 2);
-    int sc, mn;
-    k4_scale_min(sb + 4, j, sc, mn);
-    v.sc0 = v.sc1 = sc;
-    v.mn = mn;
+    k4_header(sb, j, v);
     int w[8], h[8];
     load32_aligned(sb + 48 + 32 * (j >> 1), w);  // 176-byte blocks keep 16-byte alignment
     load32_aligned(sb + 16, h);

@@ -25,10 +25,13 @@ template <int kTileRows>
 struct Stage {
     int8_t w[kTileRows][kPitch];
     int8_t x[kTileTokens][kPitch];
-    int wscale[kTileRows][8];           // sc0 | sc1 << 8 | mn << 16 (bytes)
-    float2 wdm[kTileRows][8];           // d, m; q4_K/q5_K: d * sc, dmin * mn (term_min_fused's products)
-    float xd[8][kTileTokens];           // [block][token]: a lane's two adjacent tokens are one 8-byte load
-    int xsum[8][kTileTokens];           // the block's sum; q4_K/q5_K: the bits of da * sum
+    // Per row and block (one padding column: a warp's eight rows read distinct banks).
+    int wscale[kTileRows][9];           // sc0 | sc1 << 8 | mn << 16 (bytes)
+    float2 wdm[kTileRows][9];           // d, m; q4_K/q5_K: d * sc, dmin * mn (term_min_fused's products)
+    // Per block and token: a lane's two adjacent tokens are one 8-byte load; the
+    // pitch puts the eight blocks of four tokens that a warp stores in distinct banks.
+    float xd[8][kTileTokens + 4];
+    int xsum[8][kTileTokens + 4];      // the block's sum; q4_K/q5_K: the bits of da * sum
 };
 
 __device__ __forceinline__ void mma_k32(int (&c)[4], const int (&a)[4], int b0, int b1) {
@@ -53,6 +56,7 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(DevWeight w, DevAct a,
                                                          float* __restrict__ y, int64_t y_stride) {
     constexpr TermKind K = BlockInfo<T>::kind;
     constexpr bool two_scales = T == WType::Q6_K;
+    static_assert(kTileRows * 8 % kThreads == 0 && kTileTokens * 8 % kThreads == 0, "staging units divide evenly");
     extern __shared__ __align__(16) unsigned char smem[];
     Stage<kTileRows>& s = *reinterpret_cast<Stage<kTileRows>*>(smem);
 
@@ -73,47 +77,44 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(DevWeight w, DevAct a,
     for (int64_t kc = 0; kc < nchunks; ++kc) {
         const int nb = int(min64(8, nblocks - kc * 8));
         __syncthreads();  // the previous chunk's compute is done with the stage
-        // Weights: unit u = (row, block j); eight consecutive threads share a row.
-        for (int u = tid; u < kTileRows * 8; u += kThreads) {
-            const int r = u >> 3, j = u & 7;
-            const int64_t row = row0 + r;
+        // Units past the matrix (rows past the last, blocks past the row's
+        // end) stage a block that exists, the tile's first row's block 0: no
+        // result reads them (their rows and tokens are not written, their
+        // blocks are past nb), and every load is unconditional, so the
+        // compiler issues all of a thread's loads before its first decode.
+        // Weights: unit u = (row r, block j); eight consecutive threads read
+        // one row's chunk.
+#pragma unroll
+        for (int i = 0; i < kTileRows * 8 / kThreads; ++i) {
+            const int u = tid + i * kThreads, r = u >> 3, j = u & 7;
+            const bool valid = row0 + r < w.rows && j < nb;
+            const uint8_t* chunk = chunk_ptr<T>(w.data + (valid ? row0 + r : row0) * w.row_stride, kc, w.block_stride);
+            const BlockVals v = decode_block<T, WIDE>(chunk, valid ? j : 0);
             int4* dst = reinterpret_cast<int4*>(&s.w[r][j * 32]);
-            if (row < w.rows && j < nb) {
-                const uint8_t* chunk = chunk_ptr<T>(w.data + row * w.row_stride, kc, w.block_stride);
-                const BlockVals v = decode_block<T, WIDE>(chunk, j);
-                dst[0] = make_int4(v.q[0], v.q[1], v.q[2], v.q[3]);
-                dst[1] = make_int4(v.q[4], v.q[5], v.q[6], v.q[7]);
-                s.wscale[r][j] = (v.sc0 & 0xFF) | (v.sc1 & 0xFF) << 8 | (v.mn & 0xFF) << 16;
-                if (K == TermKind::min)
-                    s.wdm[r][j] = make_float2(__fmul_rn(v.d, __int2float_rn(v.sc0)), __fmul_rn(v.m, __int2float_rn(v.mn)));
-                else
-                    s.wdm[r][j] = make_float2(v.d, v.m);
-            } else {
-                dst[0] = dst[1] = make_int4(0, 0, 0, 0);
-                s.wscale[r][j] = 0;
-                s.wdm[r][j] = make_float2(0.0f, 0.0f);
-            }
+            dst[0] = make_int4(v.q[0], v.q[1], v.q[2], v.q[3]);
+            dst[1] = make_int4(v.q[4], v.q[5], v.q[6], v.q[7]);
+            s.wscale[r][j] = (v.sc0 & 0xFF) | (v.sc1 & 0xFF) << 8 | (v.mn & 0xFF) << 16;
+            if (K == TermKind::min)
+                s.wdm[r][j] = make_float2(__fmul_rn(v.d, __int2float_rn(v.sc0)), __fmul_rn(v.m, __int2float_rn(v.mn)));
+            else
+                s.wdm[r][j] = make_float2(v.d, v.m);
         }
-        // Activations: unit u = (token, block j).
-        for (int u = tid; u < kTileTokens * 8; u += kThreads) {
-            const int t = u >> 3, j = u & 7;
-            const int64_t tok = tok0 + t, b = kc * 8 + j;
+        // Activations: unit u = (token t, block j); eight consecutive threads
+        // read one token's chunk.
+#pragma unroll
+        for (int i = 0; i < kTileTokens * 8 / kThreads; ++i) {
+            const int u = tid + i * kThreads, t = u >> 3, j = u & 7;
+            const bool valid = tok0 + t < n_tokens && j < nb;
+            const int64_t ab = valid ? (tok0 + t) * a.blocks + kc * 8 + j : 0;
+            const int4* src = reinterpret_cast<const int4*>(a.qs + ab * 32);
             int4* dst = reinterpret_cast<int4*>(&s.x[t][j * 32]);
-            if (tok < n_tokens && j < nb) {
-                const int64_t ab = tok * a.blocks + b;
-                const int4* src = reinterpret_cast<const int4*>(a.qs + ab * 32);
-                dst[0] = src[0];
-                dst[1] = src[1];
-                s.xd[j][t] = a.d[ab];
-                if (K == TermKind::min)
-                    s.xsum[j][t] = __float_as_int(__fmul_rn(a.d[ab], __int2float_rn(a.sum[ab])));
-                else
-                    s.xsum[j][t] = a.sum[ab];
-            } else {
-                dst[0] = dst[1] = make_int4(0, 0, 0, 0);
-                s.xd[j][t] = 0.0f;
-                s.xsum[j][t] = 0;
-            }
+            dst[0] = src[0];
+            dst[1] = src[1];
+            s.xd[j][t] = a.d[ab];
+            if (K == TermKind::min)
+                s.xsum[j][t] = __float_as_int(__fmul_rn(a.d[ab], __int2float_rn(a.sum[ab])));
+            else
+                s.xsum[j][t] = a.sum[ab];
         }
         __syncthreads();
 
