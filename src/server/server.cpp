@@ -166,7 +166,10 @@ void Server::install_routes() {
         if (res.status >= 500) e.type = "server_error";
         res.set_content(error_body(e), "application/json");
     });
-    s.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+    // Counted when the status is final and before the response is written, so a
+    // client that has read a response finds it in /metrics (httplib's logger
+    // runs only after the write).
+    s.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
         std::lock_guard<std::mutex> lock(metrics_mu_);
         ++requests_[{metric_endpoint(req.path), res.status}];
     });
