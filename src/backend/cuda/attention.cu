@@ -631,15 +631,10 @@ void launch_mma(const KvLayer& kv, const float* q, int64_t n_tokens, int n_heads
     constexpr int kDecodeBatch = 16;
     const int group = n_heads / kv.n_kv_heads;
     const int tile_tokens = split || n_tokens <= kDecodeBatch ? 1 : std::max(1, 64 / group);
-    if (!split) {
-        attn::attention_mma(kv, q, n_tokens, n_heads, scale, slot, pos, out, Partials{}, kv.n_ctx, tile_tokens,
-                            stream);
-        return;
-    }
-    const Partials part = split_partials(workspace, n_tokens, n_heads, kv);
-    const int seg = segment_length(kv.n_ctx);
-    attn::attention_mma(kv, q, n_tokens, n_heads, scale, slot, pos, out, part, seg, 1, stream);
-    combine(kv, n_tokens, n_heads, slot, pos, part, seg, out, stream);
+    const Partials part = split ? split_partials(workspace, n_tokens, n_heads, kv) : Partials{};
+    const int seg = split ? segment_length(kv.n_ctx) : kv.n_ctx;
+    attn::attention_mma(kv, q, n_tokens, n_heads, scale, slot, pos, out, part, seg, tile_tokens, stream);
+    if (split) combine(kv, n_tokens, n_heads, slot, pos, part, seg, out, stream);
 }
 
 }  // namespace
