@@ -24,6 +24,11 @@ __device__ int64_t grid_stride() { return int64_t(gridDim.x) * blockDim.x; }
 
 // --- rms_norm: one CTA per row -------------------------------------------------
 
+// A thread's elements are i = tid, tid + kThreads, ...; it takes them kBatch at a
+// time, all loads first, so one memory latency covers a batch (a decode step's
+// 4096-element row is a single batch) instead of one latency per element.
+constexpr int kBatch = 16;
+
 __global__ void rms_norm_kernel(const float* x, const float* w, float eps, float* out, int64_t cols) {
     __shared__ double partial[kThreads / 32];
     const int64_t row = blockIdx.x;
@@ -31,11 +36,19 @@ __global__ void rms_norm_kernel(const float* x, const float* w, float eps, float
     float* o = out + row * cols;
 
     // The square of a float is exact in double, so a fused multiply-add here
-    // rounds exactly as a multiply then an add would.
+    // rounds exactly as a multiply then an add would. Elements past the row
+    // add +0.0, which leaves the sum unchanged: the order is the thread's
+    // elements in turn, as it always was.
     double ss = 0.0;
-    for (int64_t i = threadIdx.x; i < cols; i += kThreads) {
-        const double v = xr[i];
-        ss += v * v;
+    for (int64_t base = threadIdx.x; base < cols; base += int64_t(kBatch) * kThreads) {
+        float v[kBatch];
+#pragma unroll
+        for (int k = 0; k < kBatch; ++k) {
+            const int64_t i = base + int64_t(k) * kThreads;
+            v[k] = i < cols ? xr[i] : 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < kBatch; ++k) ss += double(v[k]) * double(v[k]);
     }
     // Fixed reduction tree (butterfly within each warp, then the warps in
     // order): the same sum bits on every run, with one barrier.
@@ -50,9 +63,20 @@ __global__ void rms_norm_kernel(const float* x, const float* w, float eps, float
 
     // Every element is read before the barrier above and rewritten by the same
     // thread below, so out may alias x.
-    for (int64_t i = threadIdx.x; i < cols; i += kThreads) {
-        const float v = __fmul_rn(xr[i], inv);
-        o[i] = w ? __fmul_rn(v, w[i]) : v;
+    for (int64_t base = threadIdx.x; base < cols; base += int64_t(kBatch) * kThreads) {
+        float v[kBatch], g[kBatch];
+#pragma unroll
+        for (int k = 0; k < kBatch; ++k) {
+            const int64_t i = base + int64_t(k) * kThreads;
+            v[k] = i < cols ? xr[i] : 0.0f;
+            g[k] = w && i < cols ? w[i] : 1.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < kBatch; ++k) {
+            const int64_t i = base + int64_t(k) * kThreads;
+            const float n = __fmul_rn(v[k], inv);
+            if (i < cols) o[i] = w ? __fmul_rn(n, g[k]) : n;
+        }
     }
 }
 
@@ -82,16 +106,30 @@ __global__ void rope_kernel(float* x, const int32_t* pos, RopeArgs args) {
     }
     __syncthreads();
 
+    // kBatch elements per thread at a time, loads first (as in rms_norm).
     float* xr = x + row * int64_t(args.n_heads) * args.head_dim;
-    for (int e = threadIdx.x; e < args.n_heads * half; e += blockDim.x) {
-        const int i = e % half;
-        float* v = xr + int64_t(e / half) * args.head_dim;
-        // Interleaved pairs (2i, 2i+1), or NeoX pairs (i, i + n_dims/2).
-        const int a = args.neox ? i : 2 * i;
-        const int b = args.neox ? i + half : 2 * i + 1;
-        const float x0 = v[a], x1 = v[b], c = trig[i], s = trig[half + i];
-        v[a] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-        v[b] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+    const int n = args.n_heads * half;
+    for (int base = threadIdx.x; base < n; base += kBatch * int(blockDim.x)) {
+        float x0[kBatch], x1[kBatch];
+#pragma unroll
+        for (int k = 0; k < kBatch; ++k) {
+            const int e = base + k * int(blockDim.x);
+            const int i = e % half;
+            const float* v = xr + int64_t(e / half) * args.head_dim;
+            // Interleaved pairs (2i, 2i+1), or NeoX pairs (i, i + n_dims/2).
+            x0[k] = e < n ? v[args.neox ? i : 2 * i] : 0.0f;
+            x1[k] = e < n ? v[args.neox ? i + half : 2 * i + 1] : 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < kBatch; ++k) {
+            const int e = base + k * int(blockDim.x);
+            if (e >= n) break;
+            const int i = e % half;
+            float* v = xr + int64_t(e / half) * args.head_dim;
+            const float c = trig[i], s = trig[half + i];
+            v[args.neox ? i : 2 * i] = __fsub_rn(__fmul_rn(x0[k], c), __fmul_rn(x1[k], s));
+            v[args.neox ? i + half : 2 * i + 1] = __fadd_rn(__fmul_rn(x0[k], s), __fmul_rn(x1[k], c));
+        }
     }
 }
 
