@@ -29,6 +29,17 @@ __device__ int64_t grid_stride() { return int64_t(gridDim.x) * blockDim.x; }
 // 4096-element row is a single batch) instead of one latency per element.
 constexpr int kBatch = 16;
 
+// v[k] = p[base + k * step] where that index is below n, else fill; every load
+// is issued before any value is used.
+__device__ __forceinline__ void load_batch(const float* p, int64_t base, int64_t step, int64_t n, float fill,
+                                           float (&v)[kBatch]) {
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+        const int64_t i = base + int64_t(k) * step;
+        v[k] = i < n ? p[i] : fill;
+    }
+}
+
 __global__ void rms_norm_kernel(const float* x, const float* w, float eps, float* out, int64_t cols) {
     __shared__ double partial[kThreads / 32];
     const int64_t row = blockIdx.x;
@@ -42,11 +53,7 @@ __global__ void rms_norm_kernel(const float* x, const float* w, float eps, float
     double ss = 0.0;
     for (int64_t base = threadIdx.x; base < cols; base += int64_t(kBatch) * kThreads) {
         float v[kBatch];
-#pragma unroll
-        for (int k = 0; k < kBatch; ++k) {
-            const int64_t i = base + int64_t(k) * kThreads;
-            v[k] = i < cols ? xr[i] : 0.0f;
-        }
+        load_batch(xr, base, kThreads, cols, 0.0f, v);
 #pragma unroll
         for (int k = 0; k < kBatch; ++k) ss += double(v[k]) * double(v[k]);
     }
@@ -65,12 +72,8 @@ __global__ void rms_norm_kernel(const float* x, const float* w, float eps, float
     // thread below, so out may alias x.
     for (int64_t base = threadIdx.x; base < cols; base += int64_t(kBatch) * kThreads) {
         float v[kBatch], g[kBatch];
-#pragma unroll
-        for (int k = 0; k < kBatch; ++k) {
-            const int64_t i = base + int64_t(k) * kThreads;
-            v[k] = i < cols ? xr[i] : 0.0f;
-            g[k] = w && i < cols ? w[i] : 1.0f;
-        }
+        load_batch(xr, base, kThreads, cols, 0.0f, v);
+        if (w) load_batch(w, base, kThreads, cols, 1.0f, g);  // read only with a weight
 #pragma unroll
         for (int k = 0; k < kBatch; ++k) {
             const int64_t i = base + int64_t(k) * kThreads;
