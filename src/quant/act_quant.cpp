@@ -26,13 +26,19 @@ int8_t round_clamp_q8(float t) {
 
 }  // namespace
 
-void quantize_act_block_ref(const float* x, block_q8a* y) {
+namespace {
+
+float amax_of(const float* x, int64_t n) {
     float amax = 0.0f;
-    for (int i = 0; i < QK8A; ++i) {
+    for (int64_t i = 0; i < n; ++i) {
         const float ax = x[i] < 0.0f ? -x[i] : x[i];
         if (ax > amax) amax = ax;  // a NaN never compares greater: ignored
     }
-    const float d = amax / 127.0f;
+    return amax;
+}
+
+// One block's values and sum on the scale d.
+void quantize_block_on(const float* x, float d, block_q8a* y) {
     y->d = d;
     int32_t sum = 0;
     for (int i = 0; i < QK8A; ++i) {
@@ -41,6 +47,19 @@ void quantize_act_block_ref(const float* x, block_q8a* y) {
         sum += q;
     }
     y->sum = sum;
+}
+
+}  // namespace
+
+void quantize_act_block_ref(const float* x, block_q8a* y) { quantize_block_on(x, amax_of(x, QK8A) / 127.0f, y); }
+
+void quantize_act_row_grouped(const float* x, block_q8a* y, int64_t k) {
+    const int64_t blocks = k / QK8A;
+    for (int64_t g = 0; g < blocks; g += kActGroupBlocks) {
+        const int64_t n = blocks - g < kActGroupBlocks ? blocks - g : kActGroupBlocks;
+        const float d = amax_of(x + g * QK8A, n * QK8A) / 127.0f;
+        for (int64_t b = g; b < g + n; ++b) quantize_block_on(x + b * QK8A, d, y + b);
+    }
 }
 
 namespace detail {

@@ -31,4 +31,14 @@ void quantize_act_row(const float* x, block_q8a* y, int64_t k, SimdPath path);
 // The reference for one block, written as the definition above.
 void quantize_act_block_ref(const float* x, block_q8a* y);
 
+// The same with one scale per group of kActGroupBlocks consecutive blocks
+// (256 elements; the last group is shorter when k/32 is not a multiple of 8):
+// d = amax over the group / 127, stored in each of its blocks, which keep their
+// own sums. The CUDA backend quantizes the inputs of K-quant matrices this way,
+// so that a super-block's integer sums share one activation scale and are
+// added as integers (quant::dot_row_chunked, backend/cuda/kernels.h). Scalar
+// code only: the CPU kernels keep one scale per block.
+constexpr int64_t kActGroupBlocks = 8;
+void quantize_act_row_grouped(const float* x, block_q8a* y, int64_t k);
+
 }  // namespace tern::quant

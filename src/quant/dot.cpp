@@ -119,23 +119,18 @@ float sum_terms_chunked(const float* terms, int64_t n_blocks) {
     return r;
 }
 
-Status dot_block_terms_fused(TensorType type, const void* w_row, const block_q8a* a, int64_t k, float* terms) {
-    return write_block_terms(detail::block_terms_fused_scalar(type), "dot_block_terms_fused", type, w_row, a, k, terms);
-}
-
 float dot_row_chunked(TensorType type, const void* w_row, const block_q8a* a, int64_t k) {
-    const detail::DotTermsFn fn = detail::block_terms_fused_scalar(type);
     const auto info = tensor_type_info(uint32_t(type));
-    if (!fn || k < 0 || k % int64_t(info->block_elems) != 0) return std::numeric_limits<float>::quiet_NaN();
-    // One chunk (256 elements: eight legacy blocks or one super-block) at a
-    // time, so no buffer grows with the row.
-    const int64_t chunk_bytes = int64_t(256 / info->block_elems) * info->block_bytes;
+    const detail::DotTermsFn terms = detail::block_terms_scalar(type);
+    if (!terms || k < 0 || k % int64_t(info->block_elems) != 0) return std::numeric_limits<float>::quiet_NaN();
+    if (const DotRowFn grouped = detail::row_grouped_scalar(type)) return grouped(w_row, a, k);
+    // Legacy blocks one chunk of eight at a time, so no buffer grows with the row.
     const auto* w = static_cast<const uint8_t*>(w_row);
     float r = 0.0f;
     for (int64_t i = 0; 256 * i < k; ++i) {
         const int64_t n = k - 256 * i < 256 ? k - 256 * i : 256;
         float t[8];
-        fn(w + i * chunk_bytes, a + 8 * i, n, t);
+        terms(w + i * 8 * int64_t(info->block_bytes), a + 8 * i, n, t);
         float c = t[0];
         for (int64_t b = 1; b < n / 32; ++b) c = c + t[b];
         r = r + c;

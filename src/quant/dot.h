@@ -90,28 +90,27 @@ DotFloatTokensFn dot_float_tokens_kernel(TensorType type, SimdPath path);
 //
 // Every integer dot product is a sum of one float term t_b per 32-element
 // block (docs/cpu-kernels.md). The CPU kernels fold them into eight lanes;
-// the CUDA kernels (backend/cuda/kernels.h) sum them in chunks instead. These
-// give the terms themselves and that chunked order, so a GPU result can be
-// checked bit for bit on the CPU.
+// the CUDA kernels (backend/cuda/kernels.h) sum them in another order. These
+// give the terms themselves and the CUDA order, so a GPU result can be checked
+// bit for bit on the CPU.
 
 // Writes t_b for b < k/32 exactly as the dot kernels form it. Errors for types
 // without an integer dot product and for k that is negative or not a whole
 // number of the type's blocks.
 Status dot_block_terms(TensorType type, const void* w_row, const block_q8a* a, int64_t k, float* terms);
 
-// The terms the CUDA kernels form: dot_block_terms' for every type except
-// q4_K and q5_K, whose terms take the fused form (dot_internal.h
-// term_min_fused: per-block products and one fused multiply-add, cheaper on
-// a GPU, rounded differently from the CPU kernels' term). Same errors.
-Status dot_block_terms_fused(TensorType type, const void* w_row, const block_q8a* a, int64_t k, float* terms);
-
 // The chunked order: blocks go eight at a time (the last chunk may be
 // shorter); a chunk sums as c = t_8i, c = c + t_8i+1, ... left to right; the
 // result starts at +0.0f and adds c_0, c_1, ... in order.
 float sum_terms_chunked(const float* terms, int64_t n_blocks);
 
-// sum_terms_chunked over dot_block_terms_fused of the row: the CUDA
-// kernels' result, bit for bit. NaN where dot_block_terms would return an error.
+// The CUDA kernels' result, bit for bit:
+//  - legacy types (32-element blocks): sum_terms_chunked of dot_block_terms;
+//  - K-quants: one term per super-block from its integer totals, in the order
+//    dot_internal.h documents (kquant_inner_*). `a` must come from
+//    quantize_act_row_grouped, so that the eight blocks of a super-block share
+//    one scale; the scale of each super-block's first block is the one used.
+// NaN where dot_block_terms would return an error.
 float dot_row_chunked(TensorType type, const void* w_row, const block_q8a* a, int64_t k);
 
 }  // namespace tern::quant

@@ -44,9 +44,9 @@ const PathKernels* path_kernels_avx512();  // likewise
 // integer type; nullptr for other types). dot_block_terms() is its public face.
 using DotTermsFn = void (*)(const void* w_row, const block_q8a* a, int64_t k, float* terms);
 DotTermsFn block_terms_scalar(TensorType type);
-// The same with q4_K and q5_K terms in the fused form (term_min_fused), the
-// terms the CUDA kernels form; other types as block_terms_scalar.
-DotTermsFn block_terms_fused_scalar(TensorType type);
+// The CUDA kernels' result for a K-quant row (kquant_inner_* below) on
+// activations from quantize_act_row_grouped; nullptr for other types.
+DotRowFn row_grouped_scalar(TensorType type);
 
 // The scalar activation quantizer (act_quant.cpp), the reference the SIMD
 // quantizers reproduce bit for bit.
@@ -92,19 +92,24 @@ static inline float term_min(float d, float dmin, float da, int32_t w_sum, int32
     return p - q;
 }
 
-// q4_K, q5_K as the CUDA kernels form them: the block's raw sum s (q in
-// 0..15 or 0..31 times the activations), its 6-bit scale sc and min mn
-// applied in float through per-block products, and one fused multiply-add:
-//     fma(-(dmin * mn), da * S, ((d * sc) * da) * s)
-// where S is the activation block's sum. Each product is rounded; the fma
-// rounds once. On a GPU the products d*sc, dmin*mn and da*S are made once per
-// block of the staged tile, leaving five instructions per output instead of
-// eleven (docs/perf/LOG.md). Not the CPU kernels' term_min: a different
-// rounding of the same value.
-static inline float term_min_fused(float d, float dmin, int32_t sc, int32_t mn, float da, int32_t s, int32_t S) {
-    const float p = ((d * float(sc)) * da) * float(s);
-    return std::fma(-(dmin * float(mn)), da * float(S), p);
+// ---- the CUDA kernels' K-quant order ---------------------------------------
+//
+// On the GPU a K-quant row is summed one super-block at a time: its eight
+// blocks' integer sums A and X (as the terms above define them) are added as
+// integers, which is exact, and the super-block contributes
+//     r = fma(D, inner, r),   r from +0.0f, super-blocks in order,
+// where D is the activations' scale, one per 256 elements
+// (quantize_act_row_grouped), and inner is one of these. A tensor-core kernel
+// then spends a few instructions per output and super-block instead of five
+// per output and block (docs/perf/LOG.md g24).
+
+// q2_K, q4_K, q5_K:  fma(-dmin, X, d * A)
+static inline float kquant_inner_min(float d, float dmin, int32_t A, int32_t X) {
+    return std::fma(-dmin, float(X), d * float(A));
 }
+
+// q3_K, q6_K:  d * A
+static inline float kquant_inner_scale(float d, int32_t A) { return d * float(A); }
 
 // Float rows: element k is added (as a product, never fused) into lane k % 16
 // of sixteen accumulators, folded as l[i] += l[i+8], then +4, +2, +1.

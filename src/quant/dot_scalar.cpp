@@ -2,9 +2,9 @@
 // each block's exact integer sums and combine them in the documented float
 // order (dot_internal.h). The SIMD paths must return the same bits. Built
 // with -ffp-contract=off so no compiler may fuse a multiply into an add.
-// The per-block float terms are also exported on their own (block_terms_scalar,
-// and block_terms_fused_scalar for the CUDA kernels' form of them) so that other
-// summation orders, the CUDA kernels' among them, have a CPU twin.
+// The per-block float terms are also exported on their own (block_terms_scalar)
+// so that other summation orders have a CPU twin, and so is the CUDA kernels'
+// K-quant order, one term per super-block (row_grouped_scalar).
 #include "base/fp16.h"
 #include "quant/dot_internal.h"
 
@@ -151,6 +151,7 @@ struct Q2_K {
     static float term(const Block& w, const block_q8a& a, int32_t A, int32_t X) {
         return term_min(half(w.d), half(w.dmin), a.d, A, X);
     }
+    static float inner(const Block& w, int32_t A, int32_t X) { return kquant_inner_min(half(w.d), half(w.dmin), A, X); }
 };
 
 struct Q3_K {
@@ -174,6 +175,7 @@ struct Q3_K {
     static float term(const Block& w, const block_q8a& a, int32_t A, int32_t) {
         return term_scale(half(w.d), a.d, A);
     }
+    static float inner(const Block& w, int32_t A, int32_t) { return kquant_inner_scale(half(w.d), A); }
 };
 
 struct Q4_K {
@@ -194,6 +196,7 @@ struct Q4_K {
     static float term(const Block& w, const block_q8a& a, int32_t A, int32_t X) {
         return term_min(half(w.d), half(w.dmin), a.d, A, X);
     }
+    static float inner(const Block& w, int32_t A, int32_t X) { return kquant_inner_min(half(w.d), half(w.dmin), A, X); }
 };
 
 struct Q5_K {
@@ -215,6 +218,7 @@ struct Q5_K {
     static float term(const Block& w, const block_q8a& a, int32_t A, int32_t X) {
         return term_min(half(w.d), half(w.dmin), a.d, A, X);
     }
+    static float inner(const Block& w, int32_t A, int32_t X) { return kquant_inner_min(half(w.d), half(w.dmin), A, X); }
 };
 
 struct Q6_K {
@@ -238,6 +242,7 @@ struct Q6_K {
     static float term(const Block& w, const block_q8a& a, int32_t A, int32_t) {
         return term_scale(half(w.d), a.d, A);
     }
+    static float inner(const Block& w, int32_t A, int32_t) { return kquant_inner_scale(half(w.d), A); }
 };
 
 // The float terms of a super-block's eight 32-element blocks.
@@ -267,21 +272,25 @@ void terms_kquant(const void* wv, const block_q8a* a, int64_t k, float* terms) {
     for (int64_t i = 0; i < k / QK_K; ++i) kquant_terms<T>(w[i], a + 8 * i, terms + 8 * i);
 }
 
-// q4_K and q5_K in the fused form (term_min_fused): the raw sum of each
-// block, with its scale and min applied in float.
+// The CUDA kernels' K-quant order (dot_internal.h kquant_inner_*): per
+// super-block, the integer totals of its eight blocks, one inner term, and one
+// fused multiply-add by the activations' group scale (that of block 8i, which
+// quantize_act_row_grouped gives all eight blocks).
 template <class T>
-void terms_fused_kquant(const void* wv, const block_q8a* a, int64_t k, float* terms) {
+float dot_kquant_grouped(const void* wv, const block_q8a* a, int64_t k) {
     const auto* w = static_cast<const typename T::Block*>(wv);
+    float r = 0.0f;
     for (int64_t i = 0; i < k / QK_K; ++i) {
-        uint8_t sc[8], mn[8];
-        unpack_k4_scales(w[i].scales, sc, mn);
+        int32_t A[8], X[8];
+        T::sums(w[i], a + 8 * i, A, X);
+        int32_t a_total = 0, x_total = 0;
         for (int j = 0; j < 8; ++j) {
-            const block_q8a& aj = a[8 * i + j];
-            int32_t s = 0;
-            for (int l = 0; l < 32; ++l) s += T::q(w[i], j, l) * aj.qs[l];
-            terms[8 * i + j] = term_min_fused(half(w[i].d), half(w[i].dmin), sc[j], mn[j], aj.d, s, aj.sum);
+            a_total += A[j];
+            x_total += X[j];
         }
+        r = std::fma(a[8 * i].d, T::inner(w[i], a_total, x_total), r);
     }
+    return r;
 }
 
 template <class T>
@@ -383,11 +392,14 @@ DotTermsFn block_terms_scalar(TensorType type) {
     }
 }
 
-DotTermsFn block_terms_fused_scalar(TensorType type) {
+DotRowFn row_grouped_scalar(TensorType type) {
     switch (type) {
-    case TensorType::Q4_K: return terms_fused_kquant<Q4_K>;
-    case TensorType::Q5_K: return terms_fused_kquant<Q5_K>;
-    default: return block_terms_scalar(type);
+    case TensorType::Q2_K: return dot_kquant_grouped<Q2_K>;
+    case TensorType::Q3_K: return dot_kquant_grouped<Q3_K>;
+    case TensorType::Q4_K: return dot_kquant_grouped<Q4_K>;
+    case TensorType::Q5_K: return dot_kquant_grouped<Q5_K>;
+    case TensorType::Q6_K: return dot_kquant_grouped<Q6_K>;
+    default: return nullptr;
     }
 }
 

@@ -1,19 +1,24 @@
-// quant::dot_block_terms(_fused) / sum_terms_chunked / dot_row_chunked: the CPU twin
-// of the CUDA kernels' summation order.
+// quant::dot_block_terms / sum_terms_chunked / dot_row_chunked /
+// quantize_act_row_grouped: the CPU twin of the CUDA kernels' summation order.
 //  - the per-block terms, folded in the CPU kernels' eight-lane order, give the
 //    dot kernel's bits on every path, for every integer type (so the terms are
 //    the kernels' own terms, not a recomputation that merely agrees);
-//  - the fused terms (the CUDA kernels'): the same bits as the kernels' terms
-//    for every type but q4_K/q5_K, whose fused terms are within 8 ulp of the
-//    block's magnitude (sum |w a|) of the kernels' terms;
-//  - dot_row_chunked (chunk by chunk, no buffer) equals sum_terms_chunked of
-//    the whole row's fused terms bit for bit, ragged legacy rows included;
+//  - legacy rows: dot_row_chunked (chunk by chunk, no buffer) equals
+//    sum_terms_chunked of the whole row's terms bit for bit, ragged rows
+//    included;
+//  - K-quant rows: quantize_act_row_grouped gives every block of a 256-element
+//    group the group's scale and otherwise the per-block definition, and
+//    dot_row_chunked equals the super-block order written out from its
+//    definition over the integer sums of dot_int_sums_kernel; the result is
+//    the dot product of the dequantized row and x within the bound that the
+//    grouped quantization's rounding allows;
 //  - sum_terms_chunked follows the documented order on hand-made terms where
 //    the order changes the result, and on random terms;
 //  - types without an integer kernel and ragged K-quant rows are errors.
 // Fresh random data every run; the seed is printed.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -21,7 +26,6 @@
 
 #include "base/fp16.h"
 #include "dot_test_util.h"
-#include "quant/kquant_scales.h"
 
 namespace {
 
@@ -76,39 +80,124 @@ TEST(DotTerms, LaneFoldOfTermsIsTheDotKernel) {
                 const float chunked = sum_terms_chunked(terms.data(), int64_t(terms.size()));
                 ASSERT_EQ(bits_of(chunked), bits_of(fold_chunks(terms)));
 
-                std::vector<float> fused(terms.size(), std::numeric_limits<float>::quiet_NaN());
-                const Status fs = dot_block_terms_fused(t, w.data(), a.data(), k, fused.data());
-                ASSERT_TRUE(fs.ok()) << fs.message();
-                const bool fused_form = t == TensorType::Q4_K || t == TensorType::Q5_K;
-                std::vector<float> wf(static_cast<size_t>(k));
-                ASSERT_TRUE(dequantize_row(t, w.data(), wf.data(), k).ok());
-                for (size_t b = 0; b < terms.size(); ++b) {
-                    if (!fused_form) {
-                        ASSERT_EQ(bits_of(fused[b]), bits_of(terms[b])) << "block " << b;
-                        continue;
-                    }
-                    // The term is P - Q, P from d*sc*q and Q from dmin*mn: bound by their sizes,
-                    // since the two can cancel far below either.
-                    const uint8_t* sb = w.data() + (b / 8) * size_t(tensor_type_info(uint32_t(t))->block_bytes);
-                    uint16_t dmin_bits;
-                    std::memcpy(&dmin_bits, sb + 2, 2);
-                    uint8_t sc, mn;
-                    unpack_scale_min_k4(int(b % 8), sb + 4, &sc, &mn);
-                    const double offset = double(fp16_to_fp32(dmin_bits)) * mn;
-                    double magnitude = std::fabs(offset * double(a[b].d) * a[b].sum);
-                    for (int l = 0; l < 32; ++l)
-                        magnitude += std::fabs((double(wf[32 * b + size_t(l)]) + offset) * double(a[b].d) * a[b].qs[l]);
-                    ASSERT_LE(std::fabs(double(fused[b]) - double(terms[b])), 8 * 0x1p-24 * magnitude)
-                        << "block " << b << ": fused " << fused[b] << ", kernel term " << terms[b];
+                if (!is_k_type(t)) {  // the CUDA order of legacy rows: chunks of the same terms
+                    const float row_chunked = dot_row_chunked(t, w.data(), a.data(), k);
+                    ASSERT_EQ(bits_of(row_chunked), bits_of(chunked))
+                        << "dot_row_chunked " << row_chunked << " vs sum_terms_chunked " << chunked;
                 }
-                const float row_chunked = dot_row_chunked(t, w.data(), a.data(), k);
-                const float fused_chunked = sum_terms_chunked(fused.data(), int64_t(fused.size()));
-                ASSERT_EQ(bits_of(row_chunked), bits_of(fused_chunked))
-                    << "dot_row_chunked " << row_chunked << " vs sum_terms_chunked " << fused_chunked;
                 // Two orders of the same terms: equal up to float rounding.
                 double abs_sum = 0;
                 for (float v : terms) abs_sum += std::fabs(double(v));
                 EXPECT_LE(std::fabs(double(chunked) - double(lanes)), 2.0 * double(k / 32) * 0x1p-24 * abs_sum);
+            }
+        }
+    }
+}
+
+// d and dmin of a K-quant super-block, from the GGUF layouts (ggml's block_q*_K).
+void kquant_d_dmin(TensorType t, const uint8_t* sb, float& d, float& dmin) {
+    auto f16 = [&](size_t off) {
+        uint16_t h;
+        std::memcpy(&h, sb + off, 2);
+        return fp16_to_fp32(h);
+    };
+    dmin = 0.0f;
+    switch (t) {
+    case TensorType::Q2_K: d = f16(80), dmin = f16(82); break;  // scales[16], qs[64], d, dmin
+    case TensorType::Q3_K: d = f16(108); break;                // hmask[32], qs[64], scales[12], d
+    case TensorType::Q4_K:
+    case TensorType::Q5_K: d = f16(0), dmin = f16(2); break;     // d, dmin, scales[12], ...
+    case TensorType::Q6_K: d = f16(208); break;                // ql[128], qh[64], scales[16], d
+    default: FAIL() << name(t);
+    }
+}
+
+std::vector<block_q8a> quantize_acts_grouped(const std::vector<float>& x) {
+    std::vector<block_q8a> a(x.size() / QK8A);
+    quantize_act_row_grouped(x.data(), a.data(), int64_t(x.size()));
+    return a;
+}
+
+TEST(DotTerms, GroupedQuantizationSharesTheGroupsScale) {
+    std::mt19937 rng(seed());
+    SCOPED_TRACE("seed " + std::to_string(seed()));
+    for (int64_t k : {32, 256, 576, 4096}) {  // 576: two groups and a ragged one of two blocks
+        SCOPED_TRACE("k " + std::to_string(k));
+        std::vector<float> x = random_acts(rng, k);
+        if (k >= 64) x[33] = std::numeric_limits<float>::quiet_NaN();  // ignored by amax, as per block
+        const std::vector<block_q8a> a = quantize_acts_grouped(x);
+        for (int64_t g = 0; g < k / 32; g += 8) {
+            const int64_t end = std::min<int64_t>(g + 8, k / 32);
+            float amax = 0.0f;
+            int64_t at = g;  // the block that holds the group's amax
+            for (int64_t b = g; b < end; ++b)
+                for (int l = 0; l < 32; ++l)
+                    if (std::fabs(x[size_t(32 * b + l)]) > amax) amax = std::fabs(x[size_t(32 * b + l)]), at = b;
+            for (int64_t b = g; b < end; ++b) {
+                ASSERT_EQ(bits_of(a[size_t(b)].d), bits_of(amax / 127.0f)) << "block " << b;
+                int32_t sum = 0;
+                for (int l = 0; l < 32; ++l) {
+                    const float v = x[size_t(32 * b + l)];
+                    const int q = a[size_t(b)].qs[l];
+                    sum += q;
+                    if (std::isnan(v)) {
+                        ASSERT_EQ(q, -127);
+                    } else if (a[size_t(b)].d == 0.0f) {
+                        ASSERT_EQ(q, 0);
+                    } else {  // round to nearest: within half a step, never past 127
+                        ASSERT_LE(std::fabs(double(v) / a[size_t(b)].d - q), 0.5 + 1e-6) << "block " << b << " element " << l;
+                        ASSERT_LE(std::abs(q), 127);
+                    }
+                }
+                ASSERT_EQ(a[size_t(b)].sum, sum) << "block " << b;
+            }
+            // The block that holds the amax is quantized exactly as on its own.
+            block_q8a alone;
+            quantize_act_block_ref(x.data() + 32 * at, &alone);
+            ASSERT_EQ(std::memcmp(&alone, &a[size_t(at)], sizeof alone), 0) << "block " << at;
+        }
+    }
+}
+
+TEST(DotTerms, KquantRowsInTheCudaOrder) {
+    std::mt19937 rng(seed());
+    SCOPED_TRACE("seed " + std::to_string(seed()));
+    for (TensorType t : int_types()) {
+        if (!is_k_type(t)) continue;
+        const int64_t sb_bytes = int64_t(tensor_type_info(uint32_t(t))->block_bytes);
+        for (int64_t k : row_lengths(t)) {
+            for (int row = 0; row < 4; ++row) {
+                SCOPED_TRACE(name(t) + " k " + std::to_string(k) + " row " + std::to_string(row));
+                const std::vector<float> x = random_acts(rng, k);
+                const std::vector<uint8_t> w = quantize(t, random_weights(rng, k));
+                const std::vector<block_q8a> a = quantize_acts_grouped(x);
+                std::vector<int32_t> A(size_t(k / 32)), X(size_t(k / 32));
+                dot_int_sums_kernel(t, SimdPath::scalar)(w.data(), a.data(), k, A.data(), X.data());
+                float want = 0.0f;
+                for (int64_t i = 0; i < k / 256; ++i) {
+                    int32_t at = 0, xt = 0;
+                    for (int j = 0; j < 8; ++j) at += A[size_t(8 * i + j)], xt += X[size_t(8 * i + j)];
+                    float d, dmin;
+                    kquant_d_dmin(t, w.data() + i * sb_bytes, d, dmin);
+                    const bool has_min = t == TensorType::Q2_K || t == TensorType::Q4_K || t == TensorType::Q5_K;
+                    const float inner = has_min ? std::fma(-dmin, float(xt), d * float(at)) : d * float(at);
+                    want = std::fma(a[size_t(8 * i)].d, inner, want);
+                }
+                const float got = dot_row_chunked(t, w.data(), a.data(), k);
+                ASSERT_EQ(bits_of(got), bits_of(want)) << "dot_row_chunked " << got << ", by definition " << want;
+
+                // Against the exact product of the dequantized row and x: each
+                // element is off by at most half its group's step, and the float
+                // steps add a few roundings of the row's magnitude.
+                const std::vector<float> wf = dequantize(t, w.data(), k);
+                double exact = 0, quant_err = 0, magnitude = 0;
+                for (int64_t e = 0; e < k; ++e) {
+                    exact += double(wf[size_t(e)]) * x[size_t(e)];
+                    quant_err += std::fabs(double(wf[size_t(e)])) * 0.5 * a[size_t(e / 32)].d;
+                    magnitude += std::fabs(double(wf[size_t(e)]) * x[size_t(e)]);
+                }
+                EXPECT_LE(std::fabs(double(got) - exact), quant_err * 1.001 + 1e-5 * magnitude)
+                    << "got " << got << ", exact " << exact;
             }
         }
     }
