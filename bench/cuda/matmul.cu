@@ -1,13 +1,15 @@
 // matmul: the integer matmuls of the CUDA backend (backend/cuda/kernels.h) on
 // the Llama-2 7B weight shapes, against their CPU twin and the measured floors.
-//   quantize_act  f32 activations -> block_q8a planes (per row length and token count)
+//   quantize_act  f32 activations -> block_q8a planes (per row length and token count;
+//                 quantize_act8: one scale per 256 elements, the K-quants' grouping)
 //   mmvq          decode matmul, 1..8 tokens: weight-bandwidth bound (% of the copy floor)
 //   mmq           prefill matmul on int8 tensor cores (% of the int8 floor)
 // Weights: random normals quantized by quant::quantize_row (q6_K also padded to
 // 224-byte blocks on the device by cuda::pad_q6_K). Every launch configuration
 // is validated before it is timed: 64 sampled (row, token) outputs must have
 // the bits of quant::dot_row_chunked on the CPU's quant::quantize_act_row
-// blocks, which the device's quantize_act must reproduce byte for byte.
+// (K-quants: quantize_act_row_grouped) blocks, which the device's quantize_act
+// must reproduce byte for byte.
 // Timing: median of 25 launches, rotating over enough weight copies to span
 // four times the L2 (and three activation/output sets), so weights come from
 // memory as they do in a forward pass. GB/s counts the bytes that must move:
@@ -69,18 +71,21 @@ uint32_t bits(float f) {
 
 struct Acts {
     int64_t cols = 0, n_tokens = 0;
+    int group = 1;                        // blocks per scale: cuda::act_group of the weight type
     std::vector<quant::block_q8a> host;  // token t at host[t * cols/32]
     DevBuf<float> x[kActSets];
     DevBuf<int8_t> qs[kActSets];
     DevBuf<float> d[kActSets];
     DevBuf<int32_t> sum[kActSets];
-    cuda::DevAct view(int s) const { return {qs[s].get(), d[s].get(), sum[s].get(), cols / 32}; }
+    cuda::DevAct view(int s) const { return {qs[s].get(), d[s].get(), sum[s].get(), cols / 32, group}; }
 };
 
 // Random normal activations, quantized on the CPU and by cuda::quantize_act
-// into each set; every set must hold the CPU's bytes.
-void make_acts(Acts& a, int64_t cols, int64_t n_tokens, uint64_t seed, cudaStream_t stream) {
+// into each set with one scale per `group` blocks; every set must hold the
+// CPU's bytes.
+void make_acts(Acts& a, int64_t cols, int group, int64_t n_tokens, uint64_t seed, cudaStream_t stream) {
     a.cols = cols;
+    a.group = group;
     a.n_tokens = n_tokens;
     const int64_t blocks = cols / 32;
     std::vector<float> x(size_t(n_tokens * cols));
@@ -89,7 +94,10 @@ void make_acts(Acts& a, int64_t cols, int64_t n_tokens, uint64_t seed, cudaStrea
         SplitMix g(seed, uint64_t(cols) << 32 | uint64_t(t));
         float* row = x.data() + t * cols;
         for (int64_t i = 0; i < cols; ++i) row[i] = g.normal();
-        quant::quantize_act_row(row, a.host.data() + t * blocks, cols);
+        if (group == 8)
+            quant::quantize_act_row_grouped(row, a.host.data() + t * blocks, cols);
+        else
+            quant::quantize_act_row(row, a.host.data() + t * blocks, cols);
     });
     const size_t nb = size_t(n_tokens * blocks);
     std::vector<int8_t> qs(nb * 32);
@@ -114,7 +122,7 @@ void make_acts(Acts& a, int64_t cols, int64_t n_tokens, uint64_t seed, cudaStrea
             if (bits(d[b]) != bits(w.d) || sum[b] != w.sum || std::memcmp(qs.data() + 32 * b, w.qs, 32) != 0)
                 fail("quantize_act: block " + std::to_string(b % size_t(blocks)) + " of token " +
                      std::to_string(b / size_t(blocks)) + " (cols " + std::to_string(cols) +
-                     ") differs from quant::quantize_act_row");
+                     ", group " + std::to_string(group) + ") differs from the CPU's");
         }
     }
 }
@@ -335,8 +343,12 @@ int main(int argc, char** argv) {
     for (int64_t n : mmq_tokens) n_max = std::max(n_max, n);
     std::map<int64_t, int64_t> max_rows;  // per row length
     for (const MatShape& s : shapes) max_rows[s.cols] = std::max(max_rows[s.cols], s.rows);
-    std::map<int64_t, Acts> acts;
-    for (const auto& [cols, rows] : max_rows) make_acts(acts[cols], cols, n_max, seed, stream);
+    std::map<std::pair<int64_t, int>, Acts> acts;  // per row length and group
+    for (const auto& [cols, rows] : max_rows)
+        for (const TypeCase& tc : types) {
+            Acts& a = acts[{cols, cuda::act_group(tc.type)}];
+            if (a.cols == 0) make_acts(a, cols, cuda::act_group(tc.type), n_max, seed, stream);
+        }
 
     // quantize_act: f32 read, block_q8a planes written (40 bytes per 32 elements).
     std::printf("\n%-13s %6s %5s %10s %8s %8s %5s\n", "op", "cols", "tok", "us", "GB/s", "%copy", "sets");
@@ -344,17 +356,18 @@ int main(int argc, char** argv) {
     act_tokens.insert(act_tokens.end(), mmq_tokens.begin(), mmq_tokens.end());
     std::sort(act_tokens.begin(), act_tokens.end());
     act_tokens.erase(std::unique(act_tokens.begin(), act_tokens.end()), act_tokens.end());
-    for (auto& [cols, a] : acts)
+    for (auto& [key, a] : acts)
         for (int64_t n : act_tokens) {
             Acts& aa = a;
-            const int64_t c = cols;
+            const int64_t c = key.first;
             const Timing t = time_launches(stream, [&](int i) {
                 const int s = i % kActSets;
                 cuda::quantize_act(aa.x[s].get(), c, n, c, aa.view(s), stream);
             });
             const double bytes = double(n) * double(c) * 4.0 + double(n) * double(c / 32) * 40.0;
             const double gbps = bytes / (t.median_us * 1e-6) / 1e9;
-            std::printf("%-13s %6" PRId64 " %5" PRId64 " %10.2f %8.1f %8s %5d%s\n", "quantize_act", c, n, t.median_us,
+            std::printf("%-13s %6" PRId64 " %5" PRId64 " %10.2f %8.1f %8s %5d%s\n",
+                        key.second == 8 ? "quantize_act8" : "quantize_act", c, n, t.median_us,
                         gbps, percent(gbps, floors.copy_GBps).c_str(), kActSets,
                         t.held ? "" : "  (launches not all queued in time)");
         }
@@ -379,7 +392,7 @@ int main(int argc, char** argv) {
             make_weight_sets(ws, tc, w, shape.rows, dev.l2_bytes, stream);
             DevBuf<float> y[kActSets];
             for (DevBuf<float>& b : y) b = DevBuf<float>(size_t(n_max * shape.rows));
-            Bench b{tc, shape, w, ws, acts.at(shape.cols), y, stream, seed ^ uint64_t(shape.rows * 131 + shape.cols)};
+            Bench b{tc, shape, w, ws, acts.at({shape.cols, cuda::act_group(tc.type)}), y, stream, seed ^ uint64_t(shape.rows * 131 + shape.cols)};
             const int sets = int(ws.views.size());
             auto row = [&](Op op, int64_t n) {
                 const Timing& t = b.measure(op, n);

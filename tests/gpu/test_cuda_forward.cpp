@@ -4,9 +4,12 @@
 //    40-token random prompt, then decode 24 tokens chosen greedily from the
 //    CPU's logits, so both backends see the same tokens. Asserted per model:
 //      logits: max |gpu - cpu| / max |cpu| per position <= 2e-3 for float
-//        weights, 2e-2 for quantized ones (activations are quantized the same
-//        way on both sides; the GPU sums in another order, and the rounding
-//        differences grow through the layers);
+//        weights, 2e-2 for legacy quantized ones (activations are quantized
+//        the same way on both sides; the GPU sums in another order, and the
+//        rounding differences grow through the layers), 5e-2 for files with
+//        K-quant matrices, whose GPU kernels read activations with one scale
+//        per 256 elements where the CPU's have one per 32 (kernels.h; the
+//        worst seen was 3.1e-2);
 //      top-1: the GPU's argmax equals the CPU's at >= 99% of the positions
 //        where the CPU's top-2 margin exceeds half the logit tolerance
 //        times max |logit| (closer calls may flip within the tolerance);
@@ -55,7 +58,8 @@ namespace tern {
 namespace {
 
 constexpr double kFloatTol = 2e-3;     // max |gpu - cpu| / max |cpu| of a position's logits, float weights
-constexpr double kQuantTol = 2e-2;     // the same, quantized weights
+constexpr double kQuantTol = 2e-2;     // the same, legacy quantized weights
+constexpr double kKquantTol = 5e-2;    // the same, K-quant matrices (GPU activations grouped by 256)
 // Top-1 is counted where the CPU's top-2 margin exceeds half the logit
 // tolerance times max |logit|: closer calls can flip within the tolerance.
 constexpr double kMarginOfTolerance = 0.5;
@@ -251,11 +255,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"tiny", quant::FileType::BF16, kFloatTol}, Case{"tiny", quant::FileType::Q8_0, kQuantTol},
                       Case{"tiny", quant::FileType::Q4_0, kQuantTol}, Case{"tiny", quant::FileType::Q4_1, kQuantTol},
                       Case{"tiny", quant::FileType::Q5_0, kQuantTol}, Case{"tiny", quant::FileType::Q5_1, kQuantTol},
-                      Case{"tiny", quant::FileType::Q4_K_M, kQuantTol},
-                      Case{"tiny", quant::FileType::Q5_K_M, kQuantTol},
-                      Case{"tiny", quant::FileType::Q6_K, kQuantTol},
+                      Case{"tiny", quant::FileType::Q4_K_M, kKquantTol},
+                      Case{"tiny", quant::FileType::Q5_K_M, kKquantTol},
+                      Case{"tiny", quant::FileType::Q6_K, kKquantTol},
                       Case{"qwen2", quant::FileType::ALL_F32, kFloatTol},
-                      Case{"qwen2", quant::FileType::F16, kFloatTol}, Case{"qwen2", quant::FileType::Q4_K_M, kQuantTol},
+                      Case{"qwen2", quant::FileType::F16, kFloatTol}, Case{"qwen2", quant::FileType::Q4_K_M, kKquantTol},
                       Case{"qwen2", quant::FileType::Q8_0, kQuantTol}),
     [](const ::testing::TestParamInfo<Case>& i) { return case_name(i.param); });
 
@@ -263,7 +267,7 @@ INSTANTIATE_TEST_SUITE_P(
 // sequences prefilled in one call and decoded two tokens per call give each
 // the bits it gets alone.
 TEST_F(CudaModel, SequenceAloneEqualsSequenceInABatch) {
-    const Case c{"tiny", quant::FileType::Q4_K_M, kQuantTol};
+    const Case c{"tiny", quant::FileType::Q4_K_M, kKquantTol};
     const uint64_t seed = run_seed() + 17;
     SCOPED_TRACE("seed " + std::to_string(run_seed()));
     const SynthFile synth(c, seed);

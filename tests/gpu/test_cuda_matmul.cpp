@@ -1,13 +1,14 @@
 // The matmul kernels of backend/cuda/kernels.h against their CPU twins:
-//  - quantize_act gives the bytes of quant::quantize_act_row (qs, d, sum), on
-//    random normals with outliers and on blocks made to be hard: rounding ties,
-//    all-equal values, huge, tiny, subnormal, underflowing, signed-zero and NaN
-//    blocks;
+//  - quantize_act gives the bytes of quant::quantize_act_row (group 1) and of
+//    quant::quantize_act_row_grouped (group 8) (qs, d, sum), on random normals
+//    with outliers and on blocks made to be hard: rounding ties, all-equal
+//    values, huge, tiny, subnormal, underflowing, signed-zero and NaN blocks;
 //  - mmvq (1, 3, 8 tokens) and mmq (1 ... 2048 tokens) give, for every weight
 //    type with an integer kernel and both q6_K layouts (raw 210-byte blocks and
 //    the 224-byte padding pad_q6_K makes), the bits of quant::dot_row_chunked
-//    (the chunked order kernels.h documents) for every (row, token), on ragged
-//    row counts and legacy rows that end in a partial chunk;
+//    (the order kernels.h documents; K-quants on grouped activations) for
+//    every (row, token), on ragged row counts and legacy rows that end in a
+//    partial chunk;
 //  - matmul_float (F32, F16, BF16 weights) within a stated float bound of the
 //    exact product.
 // Outputs are poisoned before each launch and checked whole: every element
@@ -109,20 +110,30 @@ HostWeights make_weights(TensorType type, int64_t rows, int64_t cols, uint32_t p
     return w;
 }
 
-// Token t's activations at q[t * cols/32], quantized on the CPU.
+// Token t's activations at q[t * cols/32], quantized on the CPU with one
+// scale per `group` blocks (cuda::act_group of the weight type).
 struct HostActs {
     int64_t n_tokens = 0, cols = 0;
+    int group = 1;
     std::vector<quant::block_q8a> q;
     int64_t blocks() const { return cols / 32; }
     const quant::block_q8a* token(int64_t t) const { return q.data() + t * blocks(); }
 };
 
-HostActs make_acts(int64_t n_tokens, int64_t cols, uint32_t purpose) {
-    HostActs a{n_tokens, cols, std::vector<quant::block_q8a>(size_t(n_tokens * cols / 32))};
+// One token's row quantized as quantize_act does with that group.
+void quantize_row_for_group(const float* x, quant::block_q8a* y, int64_t cols, int group) {
+    if (group == 8)
+        quant::quantize_act_row_grouped(x, y, cols);
+    else
+        quant::quantize_act_row(x, y, cols);
+}
+
+HostActs make_acts(int64_t n_tokens, int64_t cols, int group, uint32_t purpose) {
+    HostActs a{n_tokens, cols, group, std::vector<quant::block_q8a>(size_t(n_tokens * cols / 32))};
     parallel_for(n_tokens, [&](int64_t t) {
         std::mt19937 rng = rng_for(purpose, t);
         const std::vector<float> x = dot_testing::random_acts(rng, cols);
-        quant::quantize_act_row(x.data(), a.q.data() + t * a.blocks(), cols);
+        quantize_row_for_group(x.data(), a.q.data() + t * a.blocks(), cols, group);
     });
     return a;
 }
@@ -158,7 +169,7 @@ DeviceActs upload_acts(const HostActs& a) {
         sum[i] = a.q[i].sum;
     }
     DeviceActs out{DeviceBuffer<int8_t>(qs), DeviceBuffer<float>(d), DeviceBuffer<int32_t>(sum), {}};
-    out.view = {out.qs.get(), out.d.get(), out.sum.get(), a.blocks()};
+    out.view = {out.qs.get(), out.d.get(), out.sum.get(), a.blocks(), a.group};
     return out;
 }
 
@@ -278,11 +289,12 @@ class CudaMatmul : public gpu_test::GpuTest {};
 
 TEST_F(CudaMatmul, QuantizeActGivesTheCpuBytes) {
     SCOPED_TRACE("seed " + std::to_string(seed()));
+    for (int group : {1, 8})
     for (int64_t rows : {1, 3, 17, 512})
-        for (int64_t cols : {64, 576, 4096, 14336})
+        for (int64_t cols : {64, 576, 4096, 14336})  // 64, 576: a short last group of 8
             for (int64_t gap : {0, 96}) {  // x_stride = cols + gap; the gap holds values that must not be read
-                SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(cols) + ", x_stride " +
-                             std::to_string(cols + gap));
+                SCOPED_TRACE("group " + std::to_string(group) + ", " + std::to_string(rows) + " x " +
+                             std::to_string(cols) + ", x_stride " + std::to_string(cols + gap));
                 const int64_t stride = cols + gap, blocks = cols / 32;
                 std::vector<float> x(size_t(rows * stride), 1e30f);
                 parallel_for(rows, [&](int64_t t) {
@@ -293,7 +305,7 @@ TEST_F(CudaMatmul, QuantizeActGivesTheCpuBytes) {
                 });
                 std::vector<quant::block_q8a> want(size_t(rows * blocks));
                 for (int64_t t = 0; t < rows; ++t)
-                    quant::quantize_act_row(x.data() + t * stride, want.data() + t * blocks, cols);
+                    quantize_row_for_group(x.data() + t * stride, want.data() + t * blocks, cols, group);
 
                 DeviceBuffer<float> dx(x);
                 // One token more than asked for: it must stay untouched.
@@ -306,7 +318,8 @@ TEST_F(CudaMatmul, QuantizeActGivesTheCpuBytes) {
                     qs.poison(poison);
                     d.poison(poison);
                     sum.poison(poison);
-                    cuda::quantize_act(dx.get(), stride, rows, cols, {qs.get(), d.get(), sum.get(), blocks}, nullptr);
+                    cuda::quantize_act(dx.get(), stride, rows, cols, {qs.get(), d.get(), sum.get(), blocks, group},
+                                      nullptr);
                     sync_ok();
                     const std::vector<int8_t> got_qs = qs.download();
                     const std::vector<float> got_d = d.download();
@@ -402,7 +415,7 @@ TEST_P(CudaIntMatmul, EveryOutputHasTheCpuTwinsBits) {
     std::map<int64_t, HostActs> acts;
     std::map<int64_t, DeviceActs> dev_acts;
     for (const auto& [cols, n] : tokens_for_cols) {
-        acts[cols] = make_acts(n, cols, uint32_t(200 + cols));
+        acts[cols] = make_acts(n, cols, cuda::act_group(c.type), uint32_t(200 + cols));
         dev_acts.emplace(cols, upload_acts(acts[cols]));
     }
 

@@ -3,7 +3,8 @@
 // mmvq and mmq both read weights through this file, so the two kernels (and
 // both q6_K layouts) cannot drift apart; the arithmetic is the CPU's
 // (docs/cpu-kernels.md): exact integer sums, then one fixed float formula per
-// type; q4_K and q5_K take the fused form quant::dot_block_terms_fused documents.
+// type for legacy blocks, and for K-quants the per-super-block form
+// quant/dot_internal.h documents (kquant_inner_*).
 #pragma once
 
 #include <cuda_fp16.h>
@@ -242,27 +243,26 @@ __device__ __forceinline__ BlockVals decode_block<WType::Q6_K, true>(const uint8
     return decode_q6_K<true>(sb, j);
 }
 
-// q4_K / q5_K in the fused form (quant/dot_internal.h term_min_fused), from
-// the per-block products: dsc = d * sc and mw = dmin * mn of the weight
-// block, s_a = da * S of the activation block, and the block's raw sum H.
-__device__ __forceinline__ float term_min_fused(float dsc, float mw, float da, float s_a, int H) {
-    return __fmaf_rn(-mw, s_a, __fmul_rn(__fmul_rn(dsc, da), __int2float_rn(H)));
-}
-
-// The block's float term from the integer sums H0 (elements 0..15) and H1
-// (16..31) of value x activation, the activation scale da and sum asum: what
-// quant::dot_block_terms_fused forms, rounding as it rounds (the CPU kernels'
-// terms for every kind but min).
+// The float term of a legacy block from the integer sums H0 (elements 0..15)
+// and H1 (16..31) of value x activation, the activation scale da and sum
+// asum: the CPU kernels' term (quant/dot_internal.h term_scale, term_offset),
+// rounding as they round.
 template <TermKind K>
 __device__ __forceinline__ float block_term(const BlockVals& w, int H0, int H1, float da, int asum) {
-    if (K == TermKind::min)  // one scale per block: sc0 == sc1
-        return term_min_fused(__fmul_rn(w.d, __int2float_rn(w.sc0)), __fmul_rn(w.m, __int2float_rn(w.mn)), da,
-                              __fmul_rn(da, __int2float_rn(asum)), H0 + H1);
+    static_assert(K != TermKind::min, "K-quants take kquant_inner_* per super-block");
     const int A = w.sc0 * H0 + w.sc1 * H1;
     const float p = __fmul_rn(__fmul_rn(w.d, da), __int2float_rn(A));
     if (K == TermKind::scale) return p;
     return __fadd_rn(p, __fmul_rn(__fmul_rn(w.m, da), __int2float_rn(asum)));
 }
+
+// A K-quant super-block's inner term from its integer totals A (sum of sc * q
+// * a) and X (sum of mn * S): quant/dot_internal.h kquant_inner_min (q4_K,
+// q5_K) and kquant_inner_scale (q6_K). The caller adds r = fma(D, inner, r).
+__device__ __forceinline__ float kquant_inner_min(float d, float dmin, int A, int X) {
+    return __fmaf_rn(-dmin, __int2float_rn(X), __fmul_rn(d, __int2float_rn(A)));
+}
+__device__ __forceinline__ float kquant_inner_scale(float d, int A) { return __fmul_rn(d, __int2float_rn(A)); }
 
 // Calls f(TypeTag<T, WIDE>{}) for a weight's type and layout (WIDE: q6_K in
 // the padded, 16-byte aligned layout): the one place that maps run-time types

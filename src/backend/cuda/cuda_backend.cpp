@@ -260,18 +260,21 @@ public:
         matmul_shared(x, {{&w, y, bias}});
     }
 
-    // The integer-kernel matrices share one quantization of x.
+    // The integer-kernel matrices share one quantization of x, made again
+    // only when a matrix needs the other activation group (K-quants next to
+    // legacy types).
     void matmul_shared(Tensor x, std::initializer_list<MatmulTarget> targets) override {
         if (replaying_) return;
         const int64_t n = x.rows;
-        const cuda::DevAct a{act_qs_, act_d_, act_sum_, x.cols / 32};
-        bool quantized = false;
+        cuda::DevAct a{act_qs_, act_d_, act_sum_, x.cols / 32, 0};
         for (const MatmulTarget& t : targets) {
             auto& d = *static_cast<DeviceWeight*>(t.w->impl);
             if (Status s = ensure_on_device(*t.w, d); !s.ok()) return note(s);
             if (cuda::int_type(d.dev.type)) {
-                if (!quantized) cuda::quantize_act(x.data, x.cols, n, x.cols, a, stream_);
-                quantized = true;
+                if (const int group = cuda::act_group(d.dev.type); a.group != group) {
+                    a.group = group;
+                    cuda::quantize_act(x.data, x.cols, n, x.cols, a, stream_);
+                }
                 if (n <= cuda::kMmvqMaxTokens)
                     cuda::mmvq(d.dev, a, int(n), t.y.data, t.y.cols, stream_);
                 else

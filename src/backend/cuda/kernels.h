@@ -9,18 +9,25 @@
 // - Quantized activations (DevAct): the CPU's block_q8a split into planes so
 //   that 32-byte runs of qs stay 16-byte aligned: block b of token t has its
 //   qs at qs + (t * blocks + b) * 32, its scale at d[t * blocks + b] and its
-//   integer sum at sum[t * blocks + b]. Same values as quant::quantize_act_row.
+//   integer sum at sum[t * blocks + b]. With group 1, the values of
+//   quant::quantize_act_row (one scale per block); with group 8, those of
+//   quant::quantize_act_row_grouped (one scale per 256 elements, repeated in
+//   each block), which the K-quant kernels require (act_group).
 // - Weights (DevWeight): GGUF blocks as registered. q6_K is registered either
 //   raw (210-byte blocks, as in the file) or padded to 224 bytes so that every
 //   16-byte load is aligned; kernels read block_stride and take the wide-load
 //   path only when it is a multiple of 16.
 //
-// Arithmetic order of the integer matmuls (mmvq and mmq give the same bits):
-// every 32-element block b yields the float term t_b of quant::dot_block_terms_fused
-// (the CPU kernels' term, docs/cpu-kernels.md, except q4_K/q5_K whose term is
-// fused from per-block products); terms are summed in chunks of eight consecutive blocks, c = t_8i + t_8i+1 + ...
-// left to right, and the chunks are added in order to an accumulator that
-// starts at +0.0. quant::dot_row_chunked() is the CPU twin of the whole result.
+// Arithmetic order of the integer matmuls (mmvq and mmq give the same bits;
+// quant::dot_row_chunked() is the CPU twin of the whole result):
+// - legacy types: every 32-element block b yields the float term t_b of
+//   quant::dot_block_terms (the CPU kernels' term, docs/cpu-kernels.md); terms
+//   are summed in chunks of eight consecutive blocks, c = t_8i + t_8i+1 + ...
+//   left to right, and the chunks are added in order to an accumulator that
+//   starts at +0.0;
+// - K-quants: a super-block's integer sums are added as integers (exact), and
+//   each super-block adds r = fma(D, inner, r) in order from +0.0, D being the
+//   activations' group scale and inner quant/dot_internal.h's kquant_inner_*.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -49,12 +56,20 @@ struct DevAct {
     float* d = nullptr;
     int32_t* sum = nullptr;
     int64_t blocks = 0;  // blocks per token (cols / 32)
+    int group = 1;       // consecutive blocks that share one scale: 1, or 8 (quantize_act_row_grouped)
 };
 
 // Types with integer (quantized-activation) kernels.
 bool int_type(WType t);
 
-// x: n_tokens rows of cols floats (row stride x_stride), cols a multiple of 32.
+// The activation group the integer kernels of a weight type read: 8 for the
+// K-quants (q4_K, q5_K, q6_K), 1 for the legacy types.
+int act_group(WType t);
+
+// x: n_tokens rows of cols floats (row stride x_stride), cols a multiple of
+// 32, quantized with out.group blocks to a scale (a shorter last group when
+// the row's blocks are not a multiple of it). Group 8 reads x in 16-byte
+// loads: x 16-byte aligned and x_stride a multiple of 4.
 void quantize_act(const float* x, int64_t x_stride, int64_t n_tokens, int64_t cols, DevAct out,
                   cudaStream_t stream);
 

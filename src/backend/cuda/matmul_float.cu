@@ -17,6 +17,8 @@ bool int_type(WType t) {
     }
 }
 
+int act_group(WType t) { return t == WType::Q4_K || t == WType::Q5_K || t == WType::Q6_K ? 8 : 1; }
+
 namespace {
 
 template <WType T>

@@ -1,13 +1,15 @@
 // Prefill matmul on int8 tensor cores (mma.sync m16n8k32, s8 x s8 -> s32).
 // A CTA computes a 128-row x 64-token tile with eight warps (4 x 2, each 32
-// rows x 32 tokens); per k step it stages one chunk
-// (eight 32-element blocks) of weights, decoded to int8 by block_decode.cuh,
-// and of quantized activations into shared memory. Each block's integer sums
-// come from one mma (two m16n8k16 for q6_K, whose 16-element halves have their
-// own scales); the float terms and chunk sums then follow the order kernels.h
-// documents, so the result has mmvq's bits and the CPU twin's. For q4_K/q5_K
-// the per-block products of the fused term are made once while staging.
+// rows x 32 tokens); per k step it stages one chunk (eight 32-element blocks:
+// eight legacy blocks or one K-quant super-block) of weights, decoded to int8
+// by block_decode.cuh, and of quantized activations into shared memory. Each
+// block's integer sums come from one mma (two m16n8k16 for q6_K, whose
+// 16-element halves have their own scales). Legacy types then form a float
+// term per block and sum them in chunks; K-quants add sc * H as integers over
+// the super-block and form one term per super-block. Both follow the order
+// kernels.h documents, so the result has mmvq's bits and the CPU twin's.
 #include <cstdlib>
+#include <type_traits>
 
 #include "backend/cuda/block_decode.cuh"
 #include "backend/cuda/kernels.h"
@@ -21,17 +23,33 @@ namespace {
 constexpr int kTileTokens = 64;
 constexpr int kPitch = 256 + 16;       // bytes per staged row: a chunk plus padding against bank conflicts
 
+// Shared memory of one k step. Legacy types: per row and block the scales
+// and float products of its term, per block and token the activation's. K-quants:
+// per row the super-block's d and dmin, per row and block the integer scales,
+// per row the eight mins and per token the eight block sums as dp2a operands,
+// per token the group's scale.
 template <int kTileRows>
-struct Stage {
+struct StageLegacy {
     int8_t w[kTileRows][kPitch];
     int8_t x[kTileTokens][kPitch];
     // Per row and block (one padding column: a warp's eight rows read distinct banks).
-    int wscale[kTileRows][9];           // sc0 | sc1 << 8 | mn << 16 (bytes)
-    float2 wdm[kTileRows][9];           // d, m; q4_K/q5_K: d * sc, dmin * mn (term_min_fused's products)
+    int wscale[kTileRows][9];           // sc0 | sc1 << 8 (bytes)
+    float2 wdm[kTileRows][9];           // d, m
     // Per block and token: a lane's two adjacent tokens are one 8-byte load; the
     // pitch puts the eight blocks of four tokens that a warp stores in distinct banks.
     float xd[8][kTileTokens + 4];
-    int xsum[8][kTileTokens + 4];      // the block's sum; q4_K/q5_K: the bits of da * sum
+    int xsum[8][kTileTokens + 4];
+};
+
+template <int kTileRows>
+struct StageK {
+    int8_t w[kTileRows][kPitch];
+    int8_t x[kTileTokens][kPitch];
+    int sc[2][kTileRows][9];            // block j's scale (q6_K: of elements 0..15, then 16..31); padded as above
+    int mn[kTileRows][2];               // the eight 6-bit mins, one byte each (q4_K, q5_K)
+    float2 dm[kTileRows];               // the super-block's d and dmin
+    int xs[kTileTokens][4];             // the eight block sums as int16 pairs
+    float xd[kTileTokens];              // the group's scale
 };
 
 __device__ __forceinline__ void mma_k32(int (&c)[4], const int (&a)[4], int b0, int b1) {
@@ -51,141 +69,157 @@ __device__ __forceinline__ void mma_k16(int (&c)[4], int a0, int a1, int b0) {
         : "r"(a0), "r"(a1), "r"(b0));
 }
 
-template <WType T, bool WIDE, int kTileRows, int kThreads = kTileRows * 2>
-__global__ void __launch_bounds__(kThreads, 2) mmq_kernel(DevWeight w, DevAct a, int64_t n_tokens,
-                                                         float* __restrict__ y, int64_t y_stride) {
-    constexpr TermKind K = BlockInfo<T>::kind;
-    constexpr bool two_scales = T == WType::Q6_K;
-    static_assert(kTileRows * 8 % kThreads == 0 && kTileTokens * 8 % kThreads == 0, "staging units divide evenly");
-    extern __shared__ __align__(16) unsigned char smem[];
-    Stage<kTileRows>& s = *reinterpret_cast<Stage<kTileRows>*>(smem);
+// Where a warp and its lane sit in the tile: 4 x 2 warps of 32 rows x 32
+// tokens; an mma's accumulators hold rows g, g + 8 and tokens 2tig, 2tig + 1.
+struct WarpPlace {
+    int lane, g, tig, wr, wt;
+    __device__ WarpPlace() {
+        const int tid = threadIdx.x, warp = tid >> 5;
+        lane = tid & 31;
+        g = lane >> 2;
+        tig = lane & 3;
+        wr = (warp >> 1) * 32;
+        wt = (warp & 1) * 32;
+    }
+};
 
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int g = lane >> 2, tig = lane & 3;
-    const int wr = (warp >> 1) * 32, wt = (warp & 1) * 32;  // warp's first row and token in the tile (4 x 2 warps)
-    const int64_t row0 = int64_t(blockIdx.x) * kTileRows, tok0 = int64_t(blockIdx.y) * kTileTokens;
-    const int64_t nblocks = w.cols / 32, nchunks = (nblocks + 7) / 8;
+// Weight unit u = (row r, block j) of the k step: eight consecutive threads
+// read one row's chunk. Units past the matrix (rows past the last, blocks past
+// the row's end) decode a block that exists, the tile's first row's block 0:
+// no result reads them (their rows and tokens are not written, their blocks
+// are past nb), and every load is unconditional, so the compiler issues all of
+// a thread's loads before its first decode. Writes the values; returns them.
+template <WType T, bool WIDE>
+__device__ __forceinline__ BlockVals stage_weight_block(const DevWeight& w, int64_t row0, int64_t kc, int nb, int r,
+                                                        int j, int8_t* dst_row) {
+    const bool valid = row0 + r < w.rows && j < nb;
+    const uint8_t* chunk = chunk_ptr<T>(w.data + (valid ? row0 + r : row0) * w.row_stride, kc, w.block_stride);
+    const BlockVals v = decode_block<T, WIDE>(chunk, valid ? j : 0);
+    int4* dst = reinterpret_cast<int4*>(dst_row + j * 32);
+    dst[0] = make_int4(v.q[0], v.q[1], v.q[2], v.q[3]);
+    dst[1] = make_int4(v.q[4], v.q[5], v.q[6], v.q[7]);
+    return v;
+}
 
-    float acc[2][4][4];
+// Activation unit u = (token t, block j), likewise; returns the block's index
+// in the activation planes (0 for units past the matrix).
+__device__ __forceinline__ int64_t stage_act_block(const DevAct& a, int64_t n_tokens, int64_t tok0, int64_t kc,
+                                                   int nb, int t, int j, int8_t* dst_row) {
+    const bool valid = tok0 + t < n_tokens && j < nb;
+    const int64_t ab = valid ? (tok0 + t) * a.blocks + kc * 8 + j : 0;
+    const int4* src = reinterpret_cast<const int4*>(a.qs + ab * 32);
+    int4* dst = reinterpret_cast<int4*>(dst_row + j * 32);
+    dst[0] = src[0];
+    dst[1] = src[1];
+    return ab;
+}
+
+// This lane's A fragments of block j for the warp's two 16-row slices (rows g,
+// g + 8 of each; matrices: rows 0-7 / 8-15 x bytes 0-15 / 16-31), and B
+// fragments for its four 8-token tiles (bytes 4tig.. of the block's halves;
+// bf[np] covers tiles 2np, 2np + 1).
+__device__ __forceinline__ void load_fragments(const int8_t (*w)[kPitch], const int8_t (*x)[kPitch], const WarpPlace& p,
+                                               int j, int (&af)[2][4], int (&bf)[2][4]) {
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+        ldmatrix_x4(af[mi], &w[p.wr + mi * 16 + (p.lane & 7) + 8 * ((p.lane >> 3) & 1)][j * 32 + 16 * (p.lane >> 4)]);
+#pragma unroll
+    for (int np = 0; np < 2; ++np)
+        ldmatrix_x4(bf[np], &x[p.wt + np * 16 + (p.lane & 7) + 8 * (p.lane >> 4)][j * 32 + 16 * ((p.lane >> 3) & 1)]);
+}
+
+// acc[mi][ni][e] is row wr + 16mi + g (+ 8 for e >= 2), token wt + 8ni + 2tig (+ 1 for odd e).
+__device__ __forceinline__ void store_tile(const float (&acc)[2][4][4], const WarpPlace& p, int64_t row0, int64_t tok0,
+                                           int64_t rows, int64_t n_tokens, float* __restrict__ y, int64_t y_stride) {
 #pragma unroll
     for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
         for (int ni = 0; ni < 4; ++ni)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
+            for (int e = 0; e < 4; ++e) {
+                const int64_t row = row0 + p.wr + mi * 16 + p.g + (e >= 2 ? 8 : 0);
+                const int64_t tok = tok0 + p.wt + ni * 8 + p.tig * 2 + (e & 1);
+                if (row < rows && tok < n_tokens) y[tok * y_stride + row] = acc[mi][ni][e];
+            }
+}
 
+template <class A>
+__device__ __forceinline__ void fill(A& a, typename std::remove_all_extents<A>::type v) {
+    auto* p = reinterpret_cast<typename std::remove_all_extents<A>::type*>(&a);
+    const int n = sizeof(A) / sizeof(v);
+#pragma unroll
+    for (int i = 0; i < n; ++i) p[i] = v;
+}
+
+// Legacy types (32-element blocks): each block's float term per output,
+// summed in chunks of eight blocks (kernels.h).
+template <WType T, int kTileRows, int kThreads = kTileRows * 2>
+__global__ void __launch_bounds__(kThreads, 2) mmq_legacy_kernel(DevWeight w, DevAct a, int64_t n_tokens,
+                                                                float* __restrict__ y, int64_t y_stride) {
+    constexpr TermKind K = BlockInfo<T>::kind;
+    static_assert(kTileRows * 8 % kThreads == 0 && kTileTokens * 8 % kThreads == 0, "staging units divide evenly");
+    extern __shared__ __align__(16) unsigned char smem[];
+    StageLegacy<kTileRows>& s = *reinterpret_cast<StageLegacy<kTileRows>*>(smem);
+    const int tid = threadIdx.x;
+    const WarpPlace p;
+    const int64_t row0 = int64_t(blockIdx.x) * kTileRows, tok0 = int64_t(blockIdx.y) * kTileTokens;
+    const int64_t nblocks = w.cols / 32, nchunks = (nblocks + 7) / 8;
+
+    float acc[2][4][4];
+    fill(acc, 0.0f);
     for (int64_t kc = 0; kc < nchunks; ++kc) {
         const int nb = int(min64(8, nblocks - kc * 8));
         __syncthreads();  // the previous chunk's compute is done with the stage
-        // Units past the matrix (rows past the last, blocks past the row's
-        // end) stage a block that exists, the tile's first row's block 0: no
-        // result reads them (their rows and tokens are not written, their
-        // blocks are past nb), and every load is unconditional, so the
-        // compiler issues all of a thread's loads before its first decode.
-        // Weights: unit u = (row r, block j); eight consecutive threads read
-        // one row's chunk.
 #pragma unroll
         for (int i = 0; i < kTileRows * 8 / kThreads; ++i) {
             const int u = tid + i * kThreads, r = u >> 3, j = u & 7;
-            const bool valid = row0 + r < w.rows && j < nb;
-            const uint8_t* chunk = chunk_ptr<T>(w.data + (valid ? row0 + r : row0) * w.row_stride, kc, w.block_stride);
-            const BlockVals v = decode_block<T, WIDE>(chunk, valid ? j : 0);
-            int4* dst = reinterpret_cast<int4*>(&s.w[r][j * 32]);
-            dst[0] = make_int4(v.q[0], v.q[1], v.q[2], v.q[3]);
-            dst[1] = make_int4(v.q[4], v.q[5], v.q[6], v.q[7]);
-            s.wscale[r][j] = (v.sc0 & 0xFF) | (v.sc1 & 0xFF) << 8 | (v.mn & 0xFF) << 16;
-            if (K == TermKind::min)
-                s.wdm[r][j] = make_float2(__fmul_rn(v.d, __int2float_rn(v.sc0)), __fmul_rn(v.m, __int2float_rn(v.mn)));
-            else
-                s.wdm[r][j] = make_float2(v.d, v.m);
+            const BlockVals v = stage_weight_block<T, false>(w, row0, kc, nb, r, j, s.w[r]);
+            s.wscale[r][j] = (v.sc0 & 0xFF) | (v.sc1 & 0xFF) << 8;
+            s.wdm[r][j] = make_float2(v.d, v.m);
         }
-        // Activations: unit u = (token t, block j); eight consecutive threads
-        // read one token's chunk.
 #pragma unroll
         for (int i = 0; i < kTileTokens * 8 / kThreads; ++i) {
             const int u = tid + i * kThreads, t = u >> 3, j = u & 7;
-            const bool valid = tok0 + t < n_tokens && j < nb;
-            const int64_t ab = valid ? (tok0 + t) * a.blocks + kc * 8 + j : 0;
-            const int4* src = reinterpret_cast<const int4*>(a.qs + ab * 32);
-            int4* dst = reinterpret_cast<int4*>(&s.x[t][j * 32]);
-            dst[0] = src[0];
-            dst[1] = src[1];
+            const int64_t ab = stage_act_block(a, n_tokens, tok0, kc, nb, t, j, s.x[t]);
             s.xd[j][t] = a.d[ab];
-            if (K == TermKind::min)
-                s.xsum[j][t] = __float_as_int(__fmul_rn(a.d[ab], __int2float_rn(a.sum[ab])));
-            else
-                s.xsum[j][t] = a.sum[ab];
+            s.xsum[j][t] = a.sum[ab];
         }
         __syncthreads();
 
         // The chunk's sum starts at -0.0, so the first term enters unchanged
         // (-0 + t == t for every t, signed zeros included).
         float c[2][4][4];
-#pragma unroll
-        for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-            for (int ni = 0; ni < 4; ++ni)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) c[mi][ni][e] = -0.0f;
+        fill(c, -0.0f);
         for (int j = 0; j < nb; ++j) {
-            // A fragments of this lane: rows g, g + 8 of each 16-row slice,
-            // bytes 4tig.. of the block's halves (matrices: rows 0-7 / 8-15 x
-            // bytes 0-15 / 16-31).
-            int af[2][4];
+            int af[2][4], bf[2][4];
+            load_fragments(s.w, s.x, p, j, af, bf);
             BlockVals rv[2][2];  // scales of this lane's rows g and g + 8 of each 16-row slice
 #pragma unroll
-            for (int mi = 0; mi < 2; ++mi) {
-                const int r = wr + mi * 16 + g;
-                ldmatrix_x4(af[mi], &s.w[wr + mi * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)][j * 32 + 16 * (lane >> 4)]);
+            for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
-                    const int packed = s.wscale[r + 8 * h][j];
-                    const float2 dm = s.wdm[r + 8 * h][j];
+                    const int r = p.wr + mi * 16 + p.g + 8 * h;
+                    const int packed = s.wscale[r][j];
+                    const float2 dm = s.wdm[r][j];
                     rv[mi][h].sc0 = int(int8_t(packed & 0xFF));
                     rv[mi][h].sc1 = int(int8_t((packed >> 8) & 0xFF));
-                    rv[mi][h].mn = (packed >> 16) & 0xFF;
                     rv[mi][h].d = dm.x;
                     rv[mi][h].m = dm.y;
                 }
-            }
-            // B fragments of token tiles ni, ni + 1 (tokens wt + 8ni + g): bytes
-            // 4tig.. of the block's halves.
-            int bf[2][4];
-#pragma unroll
-            for (int np = 0; np < 2; ++np)
-                ldmatrix_x4(bf[np], &s.x[wt + np * 16 + (lane & 7) + 8 * (lane >> 4)][j * 32 + 16 * ((lane >> 3) & 1)]);
 #pragma unroll
             for (int ni = 0; ni < 4; ++ni) {
                 const int b0 = bf[ni >> 1][2 * (ni & 1)], b1 = bf[ni >> 1][2 * (ni & 1) + 1];
-                // The token columns this lane's accumulators hold.
-                const int t0 = wt + ni * 8 + tig * 2;
+                const int t0 = p.wt + ni * 8 + p.tig * 2;
                 const float2 da = *reinterpret_cast<const float2*>(&s.xd[j][t0]);
                 const int2 as = *reinterpret_cast<const int2*>(&s.xsum[j][t0]);
-                const float da0 = da.x, da1 = da.y;
-                const int as0 = as.x, as1 = as.y;
 #pragma unroll
                 for (int mi = 0; mi < 2; ++mi) {
-                    int h0[4], h1[4];
-                    if (two_scales) {
-                        mma_k16(h0, af[mi][0], af[mi][1], b0);
-                        mma_k16(h1, af[mi][2], af[mi][3], b1);
-                    } else {
-                        mma_k32(h0, af[mi], b0, b1);
-                        h1[0] = h1[1] = h1[2] = h1[3] = 0;
-                    }
-                    float t_[4];
-                    if (K == TermKind::min) {
-                        const float s0 = __int_as_float(as0), s1 = __int_as_float(as1);
-                        t_[0] = term_min_fused(rv[mi][0].d, rv[mi][0].m, da0, s0, h0[0]);
-                        t_[1] = term_min_fused(rv[mi][0].d, rv[mi][0].m, da1, s1, h0[1]);
-                        t_[2] = term_min_fused(rv[mi][1].d, rv[mi][1].m, da0, s0, h0[2]);
-                        t_[3] = term_min_fused(rv[mi][1].d, rv[mi][1].m, da1, s1, h0[3]);
-                    } else {
-                        t_[0] = block_term<K>(rv[mi][0], h0[0], h1[0], da0, as0);
-                        t_[1] = block_term<K>(rv[mi][0], h0[1], h1[1], da1, as1);
-                        t_[2] = block_term<K>(rv[mi][1], h0[2], h1[2], da0, as0);
-                        t_[3] = block_term<K>(rv[mi][1], h0[3], h1[3], da1, as1);
-                    }
+                    int h0[4];
+                    mma_k32(h0, af[mi], b0, b1);
+                    const float t_[4] = {block_term<K>(rv[mi][0], h0[0], 0, da.x, as.x),
+                                         block_term<K>(rv[mi][0], h0[1], 0, da.y, as.y),
+                                         block_term<K>(rv[mi][1], h0[2], 0, da.x, as.x),
+                                         block_term<K>(rv[mi][1], h0[3], 0, da.y, as.y)};
 #pragma unroll
                     for (int e = 0; e < 4; ++e) c[mi][ni][e] = __fadd_rn(c[mi][ni][e], t_[e]);
                 }
@@ -198,28 +232,145 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(DevWeight w, DevAct a,
 #pragma unroll
                 for (int e = 0; e < 4; ++e) acc[mi][ni][e] = __fadd_rn(acc[mi][ni][e], c[mi][ni][e]);
     }
+    store_tile(acc, p, row0, tok0, w.rows, n_tokens, y, y_stride);
+}
 
+// K-quants: per output, the super-block's integer totals A (sc * H per block,
+// from the mma) and X (the mins against the block sums, four dp2a), then one
+// inner term and one fused multiply-add by the group scale (kernels.h): a few
+// instructions per output and super-block where the legacy order needs five
+// per output and block.
+template <WType T, bool WIDE, int kTileRows, int kThreads = kTileRows * 2>
+__global__ void __launch_bounds__(kThreads, 2) mmq_kquant_kernel(DevWeight w, DevAct a, int64_t n_tokens,
+                                                                float* __restrict__ y, int64_t y_stride) {
+    constexpr bool two_scales = T == WType::Q6_K;
+    constexpr bool has_min = BlockInfo<T>::kind == TermKind::min;
+    static_assert(kTileRows * 8 % kThreads == 0 && kTileTokens * 8 % kThreads == 0, "staging units divide evenly");
+    extern __shared__ __align__(16) unsigned char smem[];
+    StageK<kTileRows>& s = *reinterpret_cast<StageK<kTileRows>*>(smem);
+    const int tid = threadIdx.x;
+    const WarpPlace p;
+    const int64_t row0 = int64_t(blockIdx.x) * kTileRows, tok0 = int64_t(blockIdx.y) * kTileTokens;
+    const int64_t nchunks = w.cols / 256;  // whole super-blocks
+
+    float acc[2][4][4];
+    fill(acc, 0.0f);
+    for (int64_t kc = 0; kc < nchunks; ++kc) {
+        __syncthreads();  // the previous super-block's compute is done with the stage
 #pragma unroll
-    for (int mi = 0; mi < 2; ++mi)
+        for (int i = 0; i < kTileRows * 8 / kThreads; ++i) {
+            const int u = tid + i * kThreads, r = u >> 3, j = u & 7;
+            const BlockVals v = stage_weight_block<T, WIDE>(w, row0, kc, 8, r, j, s.w[r]);
+            s.sc[0][r][j] = v.sc0;
+            if (two_scales) s.sc[1][r][j] = v.sc1;
+            if (has_min) reinterpret_cast<uint8_t*>(s.mn[r])[j] = uint8_t(v.mn);
+            if (j == 0) s.dm[r] = make_float2(v.d, v.m);
+        }
 #pragma unroll
-        for (int ni = 0; ni < 4; ++ni)
+        for (int i = 0; i < kTileTokens * 8 / kThreads; ++i) {
+            const int u = tid + i * kThreads, t = u >> 3, j = u & 7;
+            const int64_t ab = stage_act_block(a, n_tokens, tok0, kc, 8, t, j, s.x[t]);
+            if (has_min) reinterpret_cast<int16_t*>(s.xs[t])[j] = int16_t(a.sum[ab]);
+            if (j == 0) s.xd[t] = a.d[ab];
+        }
+        __syncthreads();
+
+        int ia[2][4][4];  // A per output: sum over the blocks of sc * H
+        fill(ia, 0);
+        // Not unrolled: hoisting the next blocks' fragments spills (ptxas -v).
+#pragma unroll 1
+        for (int j = 0; j < 8; ++j) {
+            int af[2][4], bf[2][4];
+            load_fragments(s.w, s.x, p, j, af, bf);
+            int sc[2][2][2];  // [slice][row g, g + 8][half]
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int64_t row = row0 + wr + mi * 16 + g + (e >= 2 ? 8 : 0);
-                const int64_t tok = tok0 + wt + ni * 8 + tig * 2 + (e & 1);
-                if (row < w.rows && tok < n_tokens) y[tok * y_stride + row] = acc[mi][ni][e];
+            for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int r = p.wr + mi * 16 + p.g + 8 * h;
+                    sc[mi][h][0] = s.sc[0][r][j];
+                    sc[mi][h][1] = two_scales ? s.sc[1][r][j] : 0;
+                }
+#pragma unroll
+            for (int ni = 0; ni < 4; ++ni) {
+                const int b0 = bf[ni >> 1][2 * (ni & 1)], b1 = bf[ni >> 1][2 * (ni & 1) + 1];
+#pragma unroll
+                for (int mi = 0; mi < 2; ++mi) {
+                    int h0[4];
+                    if (two_scales) {
+                        int h1[4];
+                        mma_k16(h0, af[mi][0], af[mi][1], b0);
+                        mma_k16(h1, af[mi][2], af[mi][3], b1);
+#pragma unroll
+                        for (int e = 0; e < 4; ++e)
+                            ia[mi][ni][e] += sc[mi][e >> 1][0] * h0[e] + sc[mi][e >> 1][1] * h1[e];
+                    } else {
+                        mma_k32(h0, af[mi], b0, b1);
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) ia[mi][ni][e] += sc[mi][e >> 1][0] * h0[e];
+                    }
+                }
             }
+        }
+
+        // The super-block's term per output, added in order.
+        float2 dm[2][2];
+        int2 mn[2][2];
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = p.wr + mi * 16 + p.g + 8 * h;
+                dm[mi][h] = s.dm[r];
+                mn[mi][h] = has_min ? *reinterpret_cast<const int2*>(s.mn[r]) : make_int2(0, 0);
+            }
+#pragma unroll
+        for (int ni = 0; ni < 4; ++ni) {
+            const int t0 = p.wt + ni * 8 + p.tig * 2;
+            const float2 D = *reinterpret_cast<const float2*>(&s.xd[t0]);
+            int4 xs[2];
+            if (has_min) {
+                xs[0] = *reinterpret_cast<const int4*>(s.xs[t0]);
+                xs[1] = *reinterpret_cast<const int4*>(s.xs[t0 + 1]);
+            }
+#pragma unroll
+            for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int h = e >> 1, tk = e & 1;
+                    float inner;
+                    if (has_min) {
+                        const int2 m = mn[mi][h];
+                        int X = __dp2a_lo(xs[tk].x, m.x, 0);
+                        X = __dp2a_hi(xs[tk].y, m.x, X);
+                        X = __dp2a_lo(xs[tk].z, m.y, X);
+                        X = __dp2a_hi(xs[tk].w, m.y, X);
+                        inner = kquant_inner_min(dm[mi][h].x, dm[mi][h].y, ia[mi][ni][e], X);
+                    } else {
+                        inner = kquant_inner_scale(dm[mi][h].x, ia[mi][ni][e]);
+                    }
+                    acc[mi][ni][e] = __fmaf_rn(tk ? D.y : D.x, inner, acc[mi][ni][e]);
+                }
+        }
+    }
+    store_tile(acc, p, row0, tok0, w.rows, n_tokens, y, y_stride);
 }
 
 template <WType T, bool WIDE, int kTileRows>
 void launch_tile(const DevWeight& w, const DevAct& a, int64_t n, float* y, int64_t ys, cudaStream_t s) {
     const dim3 grid(unsigned((w.rows + kTileRows - 1) / kTileRows), unsigned((n + kTileTokens - 1) / kTileTokens));
-    const int smem = int(sizeof(Stage<kTileRows>));
     // More than the default 48 KiB of shared memory needs the opt-in (per device;
     // cheap, and prefill launches are few). A failure here fails the launch,
     // which the caller's error check reports.
-    cudaFuncSetAttribute(mmq_kernel<T, WIDE, kTileRows>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    mmq_kernel<T, WIDE, kTileRows><<<grid, kTileRows * 2, smem, s>>>(w, a, n, y, ys);
+    if constexpr (BlockInfo<T>::kquant) {
+        const int smem = int(sizeof(StageK<kTileRows>));
+        cudaFuncSetAttribute(mmq_kquant_kernel<T, WIDE, kTileRows>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+        mmq_kquant_kernel<T, WIDE, kTileRows><<<grid, kTileRows * 2, smem, s>>>(w, a, n, y, ys);
+    } else {
+        const int smem = int(sizeof(StageLegacy<kTileRows>));
+        cudaFuncSetAttribute(mmq_legacy_kernel<T, kTileRows>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+        mmq_legacy_kernel<T, kTileRows><<<grid, kTileRows * 2, smem, s>>>(w, a, n, y, ys);
+    }
 }
 
 int tile_rows() {

@@ -1,9 +1,9 @@
 // Decode matmul (1..8 tokens): one warp per weight row. A warp takes four
 // chunks (eight 32-element blocks each: a K-quant super-block, or eight legacy
 // blocks) per round, one block per lane, so consecutive lanes read consecutive
-// bytes of the row and of the activations. A chunk's terms are summed left to
-// right across its eight lanes, and the chunks in order: the order kernels.h
-// documents, the same bits as mmq.
+// bytes of the row and of the activations. The lanes of a chunk combine their
+// blocks, and the chunks are added in order: the order kernels.h documents,
+// the same bits as mmq.
 #include "backend/cuda/block_decode.cuh"
 #include "backend/cuda/kernels.h"
 
@@ -12,6 +12,106 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr unsigned kAll = 0xffffffffu;
+
+// This lane's block against token t's activations: the integer sums of its
+// halves (elements 0..15 and 16..31).
+__device__ __forceinline__ void block_sums(const BlockVals& v, const DevAct& a, int t, int64_t b, int& H0, int& H1) {
+    int x[8];
+    load32_aligned(reinterpret_cast<const uint8_t*>(a.qs + (int64_t(t) * a.blocks + b) * 32), x);
+    H0 = H1 = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        H0 = __dp4a(v.q[i], x[i], H0);
+        H1 = __dp4a(v.q[i + 4], x[i + 4], H1);
+    }
+}
+
+// Legacy types: each lane's block term; a chunk's terms summed left to right
+// across its eight lanes, then the round's chunks added in order.
+template <WType T, int NT>
+__device__ __forceinline__ void legacy_round(const uint8_t* rowp, const DevAct& a, int64_t ci, int64_t b, int j,
+                                             int nb, int n_here, float (&acc)[NT]) {
+    const int grp = (threadIdx.x & 31) >> 3;
+    float term[NT];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) term[t] = 0.0f;
+    if (j < nb) {
+        const BlockVals v = decode_block<T, false>(chunk_ptr<T>(rowp, ci, 0), j);
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            int H0, H1;
+            block_sums(v, a, t, b, H0, H1);
+            const int64_t ab = int64_t(t) * a.blocks + b;
+            term[t] = block_term<BlockInfo<T>::kind>(v, H0, H1, a.d[ab], a.sum[ab]);
+        }
+    }
+    // Chunk sums, left to right over the group's lanes (every lane of a
+    // group ends with its group's sum).
+    float c[NT];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) c[t] = __shfl_sync(kAll, term[t], grp * 8);
+#pragma unroll
+    for (int jj = 1; jj < 8; ++jj)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            const float o = __shfl_sync(kAll, term[t], grp * 8 + jj);
+            if (jj < nb) c[t] = __fadd_rn(c[t], o);
+        }
+    // Then the round's chunks in order.
+#pragma unroll
+    for (int g2 = 0; g2 < 4; ++g2)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            const float o = __shfl_sync(kAll, c[t], g2 * 8);
+            if (g2 < n_here) acc[t] = __fadd_rn(acc[t], o);
+        }
+}
+
+// K-quants: each lane's block as integers (sc * H and mn * S); the
+// super-block's totals by a butterfly over its eight lanes (integer sums:
+// exact in any order); then the round's super-blocks in order, each as
+// acc = fma(D, inner, acc).
+template <WType T, bool WIDE, int NT>
+__device__ __forceinline__ void kquant_round(const uint8_t* rowp, int block_stride, const DevAct& a, int64_t ci,
+                                             int64_t b, bool valid, int n_here, float (&acc)[NT]) {
+    constexpr bool has_min = BlockInfo<T>::kind == TermKind::min;
+    int sa[NT], sx[NT];
+    float wd = 0.0f, wm = 0.0f, D[NT];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) sa[t] = sx[t] = 0, D[t] = 0.0f;
+    if (valid) {
+        const BlockVals v = decode_block<T, WIDE>(chunk_ptr<T>(rowp, ci, block_stride), int(b & 7));
+        wd = v.d;
+        wm = v.m;
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            int H0, H1;
+            block_sums(v, a, t, b, H0, H1);
+            const int64_t ab = int64_t(t) * a.blocks + b;
+            sa[t] = has_min ? v.sc0 * (H0 + H1) : v.sc0 * H0 + v.sc1 * H1;
+            if (has_min) sx[t] = v.mn * a.sum[ab];
+            D[t] = a.d[ab];
+        }
+    }
+#pragma unroll
+    for (int o = 1; o < 8; o <<= 1)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            sa[t] += __shfl_xor_sync(kAll, sa[t], o);
+            if (has_min) sx[t] += __shfl_xor_sync(kAll, sx[t], o);
+        }
+    float inner[NT];
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+        inner[t] = has_min ? kquant_inner_min(wd, wm, sa[t], sx[t]) : kquant_inner_scale(wd, sa[t]);
+#pragma unroll
+    for (int g2 = 0; g2 < 4; ++g2)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            const float d = __shfl_sync(kAll, D[t], g2 * 8), in = __shfl_sync(kAll, inner[t], g2 * 8);
+            if (g2 < n_here) acc[t] = __fmaf_rn(d, in, acc[t]);
+        }
+}
 
 template <WType T, bool WIDE, int NT>
 __global__ void __launch_bounds__(kWarps * 32) mmvq_kernel(DevWeight w, DevAct a, float* __restrict__ y,
@@ -31,46 +131,11 @@ __global__ void __launch_bounds__(kWarps * 32) mmvq_kernel(DevWeight w, DevAct a
         const int64_t ci = base + grp;        // this lane's chunk
         const int64_t b = ci * 8 + j;         // and block
         const int nb = ci < nchunks ? int(min64(8, nblocks - ci * 8)) : 0;
-        float term[NT];
-#pragma unroll
-        for (int t = 0; t < NT; ++t) term[t] = 0.0f;
-        if (j < nb) {
-            const BlockVals v = decode_block<T, WIDE>(chunk_ptr<T>(rowp, ci, w.block_stride), j);
-#pragma unroll
-            for (int t = 0; t < NT; ++t) {
-                const int64_t ab = int64_t(t) * a.blocks + b;
-                int x[8];
-                load32_aligned(reinterpret_cast<const uint8_t*>(a.qs + ab * 32), x);
-                int H0 = 0, H1 = 0;
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    H0 = __dp4a(v.q[i], x[i], H0);
-                    H1 = __dp4a(v.q[i + 4], x[i + 4], H1);
-                }
-                term[t] = block_term<BlockInfo<T>::kind>(v, H0, H1, a.d[ab], a.sum[ab]);
-            }
-        }
-        // Chunk sums, left to right over the group's lanes (every lane of a
-        // group ends with its group's sum).
-        float c[NT];
-#pragma unroll
-        for (int t = 0; t < NT; ++t) c[t] = __shfl_sync(kAll, term[t], grp * 8);
-#pragma unroll
-        for (int jj = 1; jj < 8; ++jj)
-#pragma unroll
-            for (int t = 0; t < NT; ++t) {
-                const float o = __shfl_sync(kAll, term[t], grp * 8 + jj);
-                if (jj < nb) c[t] = __fadd_rn(c[t], o);
-            }
-        // Then the round's chunks in order.
         const int n_here = int(min64(4, nchunks - base));
-#pragma unroll
-        for (int g2 = 0; g2 < 4; ++g2)
-#pragma unroll
-            for (int t = 0; t < NT; ++t) {
-                const float o = __shfl_sync(kAll, c[t], g2 * 8);
-                if (g2 < n_here) acc[t] = __fadd_rn(acc[t], o);
-            }
+        if constexpr (BlockInfo<T>::kquant)
+            kquant_round<T, WIDE, NT>(rowp, w.block_stride, a, ci, b, j < nb, n_here, acc);
+        else
+            legacy_round<T, NT>(rowp, a, ci, b, j, nb, n_here, acc);
     }
     if (lane < NT) {
         float mine = acc[0];
