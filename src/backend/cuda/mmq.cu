@@ -69,12 +69,17 @@ __device__ __forceinline__ void mma_k16(int (&c)[4], int a0, int a1, int b0) {
         : "r"(a0), "r"(a1), "r"(b0));
 }
 
-// Where a warp and its lane sit in the tile: 4 x 2 warps of 32 rows x 32
-// tokens; an mma's accumulators hold rows g, g + 8 and tokens 2tig, 2tig + 1.
+// Where the CTA's tile sits in the output (first row and token), and a warp
+// and its lane in the tile: 4 x 2 warps of 32 rows x 32 tokens; an mma's
+// accumulators hold rows g, g + 8 and tokens 2tig, 2tig + 1.
 struct WarpPlace {
-    int lane, g, tig, wr, wt;
-    __device__ WarpPlace() {
-        const int tid = threadIdx.x, warp = tid >> 5;
+    int64_t row0, tok0;
+    int tid, lane, g, tig, wr, wt;
+    __device__ explicit WarpPlace(int tile_rows) {
+        row0 = int64_t(blockIdx.x) * tile_rows;
+        tok0 = int64_t(blockIdx.y) * kTileTokens;
+        tid = threadIdx.x;
+        const int warp = tid >> 5;
         lane = tid & 31;
         g = lane >> 2;
         tig = lane & 3;
@@ -82,6 +87,12 @@ struct WarpPlace {
         wt = (warp & 1) * 32;
     }
 };
+
+// Staging hands each thread whole units: kTileRows * 8 weight units and
+// kTileTokens * 8 activation units over kThreads threads.
+__host__ __device__ constexpr bool staging_divides(int tile_rows, int threads) {
+    return tile_rows * 8 % threads == 0 && kTileTokens * 8 % threads == 0;
+}
 
 // Weight unit u = (row r, block j) of the k step: eight consecutive threads
 // read one row's chunk. Units past the matrix (rows past the last, blocks past
@@ -129,16 +140,16 @@ __device__ __forceinline__ void load_fragments(const int8_t (*w)[kPitch], const 
 }
 
 // acc[mi][ni][e] is row wr + 16mi + g (+ 8 for e >= 2), token wt + 8ni + 2tig (+ 1 for odd e).
-__device__ __forceinline__ void store_tile(const float (&acc)[2][4][4], const WarpPlace& p, int64_t row0, int64_t tok0,
-                                           int64_t rows, int64_t n_tokens, float* __restrict__ y, int64_t y_stride) {
+__device__ __forceinline__ void store_tile(const float (&acc)[2][4][4], const WarpPlace& p, int64_t rows,
+                                           int64_t n_tokens, float* __restrict__ y, int64_t y_stride) {
 #pragma unroll
     for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
         for (int ni = 0; ni < 4; ++ni)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int64_t row = row0 + p.wr + mi * 16 + p.g + (e >= 2 ? 8 : 0);
-                const int64_t tok = tok0 + p.wt + ni * 8 + p.tig * 2 + (e & 1);
+                const int64_t row = p.row0 + p.wr + mi * 16 + p.g + (e >= 2 ? 8 : 0);
+                const int64_t tok = p.tok0 + p.wt + ni * 8 + p.tig * 2 + (e & 1);
                 if (row < rows && tok < n_tokens) y[tok * y_stride + row] = acc[mi][ni][e];
             }
 }
@@ -157,12 +168,10 @@ template <WType T, int kTileRows, int kThreads = kTileRows * 2>
 __global__ void __launch_bounds__(kThreads, 2) mmq_legacy_kernel(DevWeight w, DevAct a, int64_t n_tokens,
                                                                 float* __restrict__ y, int64_t y_stride) {
     constexpr TermKind K = BlockInfo<T>::kind;
-    static_assert(kTileRows * 8 % kThreads == 0 && kTileTokens * 8 % kThreads == 0, "staging units divide evenly");
+    static_assert(staging_divides(kTileRows, kThreads), "staging units divide evenly");
     extern __shared__ __align__(16) unsigned char smem[];
     StageLegacy<kTileRows>& s = *reinterpret_cast<StageLegacy<kTileRows>*>(smem);
-    const int tid = threadIdx.x;
-    const WarpPlace p;
-    const int64_t row0 = int64_t(blockIdx.x) * kTileRows, tok0 = int64_t(blockIdx.y) * kTileTokens;
+    const WarpPlace p(kTileRows);
     const int64_t nblocks = w.cols / 32, nchunks = (nblocks + 7) / 8;
 
     float acc[2][4][4];
@@ -172,15 +181,15 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_legacy_kernel(DevWeight w, De
         __syncthreads();  // the previous chunk's compute is done with the stage
 #pragma unroll
         for (int i = 0; i < kTileRows * 8 / kThreads; ++i) {
-            const int u = tid + i * kThreads, r = u >> 3, j = u & 7;
-            const BlockVals v = stage_weight_block<T, false>(w, row0, kc, nb, r, j, s.w[r]);
+            const int u = p.tid + i * kThreads, r = u >> 3, j = u & 7;
+            const BlockVals v = stage_weight_block<T, false>(w, p.row0, kc, nb, r, j, s.w[r]);
             s.wscale[r][j] = (v.sc0 & 0xFF) | (v.sc1 & 0xFF) << 8;
             s.wdm[r][j] = make_float2(v.d, v.m);
         }
 #pragma unroll
         for (int i = 0; i < kTileTokens * 8 / kThreads; ++i) {
-            const int u = tid + i * kThreads, t = u >> 3, j = u & 7;
-            const int64_t ab = stage_act_block(a, n_tokens, tok0, kc, nb, t, j, s.x[t]);
+            const int u = p.tid + i * kThreads, t = u >> 3, j = u & 7;
+            const int64_t ab = stage_act_block(a, n_tokens, p.tok0, kc, nb, t, j, s.x[t]);
             s.xd[j][t] = a.d[ab];
             s.xsum[j][t] = a.sum[ab];
         }
@@ -232,7 +241,7 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_legacy_kernel(DevWeight w, De
 #pragma unroll
                 for (int e = 0; e < 4; ++e) acc[mi][ni][e] = __fadd_rn(acc[mi][ni][e], c[mi][ni][e]);
     }
-    store_tile(acc, p, row0, tok0, w.rows, n_tokens, y, y_stride);
+    store_tile(acc, p, w.rows, n_tokens, y, y_stride);
 }
 
 // K-quants: per output, the super-block's integer totals A (sc * H per block,
@@ -245,12 +254,10 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kquant_kernel(DevWeight w, De
                                                                 float* __restrict__ y, int64_t y_stride) {
     constexpr bool two_scales = T == WType::Q6_K;
     constexpr bool has_min = BlockInfo<T>::kind == TermKind::min;
-    static_assert(kTileRows * 8 % kThreads == 0 && kTileTokens * 8 % kThreads == 0, "staging units divide evenly");
+    static_assert(staging_divides(kTileRows, kThreads), "staging units divide evenly");
     extern __shared__ __align__(16) unsigned char smem[];
     StageK<kTileRows>& s = *reinterpret_cast<StageK<kTileRows>*>(smem);
-    const int tid = threadIdx.x;
-    const WarpPlace p;
-    const int64_t row0 = int64_t(blockIdx.x) * kTileRows, tok0 = int64_t(blockIdx.y) * kTileTokens;
+    const WarpPlace p(kTileRows);
     const int64_t nchunks = w.cols / 256;  // whole super-blocks
 
     float acc[2][4][4];
@@ -259,8 +266,8 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kquant_kernel(DevWeight w, De
         __syncthreads();  // the previous super-block's compute is done with the stage
 #pragma unroll
         for (int i = 0; i < kTileRows * 8 / kThreads; ++i) {
-            const int u = tid + i * kThreads, r = u >> 3, j = u & 7;
-            const BlockVals v = stage_weight_block<T, WIDE>(w, row0, kc, 8, r, j, s.w[r]);
+            const int u = p.tid + i * kThreads, r = u >> 3, j = u & 7;
+            const BlockVals v = stage_weight_block<T, WIDE>(w, p.row0, kc, 8, r, j, s.w[r]);
             s.sc[0][r][j] = v.sc0;
             if (two_scales) s.sc[1][r][j] = v.sc1;
             if (has_min) reinterpret_cast<uint8_t*>(s.mn[r])[j] = uint8_t(v.mn);
@@ -268,8 +275,8 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kquant_kernel(DevWeight w, De
         }
 #pragma unroll
         for (int i = 0; i < kTileTokens * 8 / kThreads; ++i) {
-            const int u = tid + i * kThreads, t = u >> 3, j = u & 7;
-            const int64_t ab = stage_act_block(a, n_tokens, tok0, kc, 8, t, j, s.x[t]);
+            const int u = p.tid + i * kThreads, t = u >> 3, j = u & 7;
+            const int64_t ab = stage_act_block(a, n_tokens, p.tok0, kc, 8, t, j, s.x[t]);
             if (has_min) reinterpret_cast<int16_t*>(s.xs[t])[j] = int16_t(a.sum[ab]);
             if (j == 0) s.xd[t] = a.d[ab];
         }
@@ -353,7 +360,7 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kquant_kernel(DevWeight w, De
                 }
         }
     }
-    store_tile(acc, p, row0, tok0, w.rows, n_tokens, y, y_stride);
+    store_tile(acc, p, w.rows, n_tokens, y, y_stride);
 }
 
 template <WType T, bool WIDE, int kTileRows>
