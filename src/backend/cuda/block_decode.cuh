@@ -243,17 +243,16 @@ __device__ __forceinline__ BlockVals decode_block<WType::Q6_K, true>(const uint8
     return decode_q6_K<true>(sb, j);
 }
 
-// The float term of a legacy block from the integer sums H0 (elements 0..15)
-// and H1 (16..31) of value x activation, the activation scale da and sum
-// asum: the CPU kernels' term (quant/dot_internal.h term_scale, term_offset),
-// rounding as they round.
+// The float term of a legacy block (no integer scales) from its scale d and
+// min m, the integer sum H of value x activation, and the activation scale da
+// and sum asum: the CPU kernels' term (quant/dot_internal.h term_scale,
+// term_offset), rounding as they round.
 template <TermKind K>
-__device__ __forceinline__ float block_term(const BlockVals& w, int H0, int H1, float da, int asum) {
+__device__ __forceinline__ float block_term(float d, float m, int H, float da, int asum) {
     static_assert(K != TermKind::min, "K-quants take kquant_inner_* per super-block");
-    const int A = w.sc0 * H0 + w.sc1 * H1;
-    const float p = __fmul_rn(__fmul_rn(w.d, da), __int2float_rn(A));
+    const float p = __fmul_rn(__fmul_rn(d, da), __int2float_rn(H));
     if (K == TermKind::scale) return p;
-    return __fadd_rn(p, __fmul_rn(__fmul_rn(w.m, da), __int2float_rn(asum)));
+    return __fadd_rn(p, __fmul_rn(__fmul_rn(m, da), __int2float_rn(asum)));
 }
 
 // A K-quant super-block's inner term from its integer totals A (sum of sc * q

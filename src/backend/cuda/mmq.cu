@@ -23,8 +23,8 @@ namespace {
 constexpr int kTileTokens = 64;
 constexpr int kPitch = 256 + 16;       // bytes per staged row: a chunk plus padding against bank conflicts
 
-// Shared memory of one k step. Legacy types: per row and block the scales
-// and float products of its term, per block and token the activation's. K-quants:
+// Shared memory of one k step. Legacy types (no integer scales): per row and
+// block the scale and min, per block and token the activation's. K-quants:
 // per row the super-block's d and dmin, per row and block the integer scales,
 // per row the eight mins and per token the eight block sums as dp2a operands,
 // per token the group's scale.
@@ -33,7 +33,6 @@ struct StageLegacy {
     int8_t w[kTileRows][kPitch];
     int8_t x[kTileTokens][kPitch];
     // Per row and block (one padding column: a warp's eight rows read distinct banks).
-    int wscale[kTileRows][9];           // sc0 | sc1 << 8 (bytes)
     float2 wdm[kTileRows][9];           // d, m
     // Per block and token: a lane's two adjacent tokens are one 8-byte load; the
     // pitch puts the eight blocks of four tokens that a warp stores in distinct banks.
@@ -183,7 +182,6 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_legacy_kernel(DevWeight w, De
         for (int i = 0; i < kTileRows * 8 / kThreads; ++i) {
             const int u = p.tid + i * kThreads, r = u >> 3, j = u & 7;
             const BlockVals v = stage_weight_block<T, false>(w, p.row0, kc, nb, r, j, s.w[r]);
-            s.wscale[r][j] = (v.sc0 & 0xFF) | (v.sc1 & 0xFF) << 8;
             s.wdm[r][j] = make_float2(v.d, v.m);
         }
 #pragma unroll
@@ -202,19 +200,11 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_legacy_kernel(DevWeight w, De
         for (int j = 0; j < nb; ++j) {
             int af[2][4], bf[2][4];
             load_fragments(s.w, s.x, p, j, af, bf);
-            BlockVals rv[2][2];  // scales of this lane's rows g and g + 8 of each 16-row slice
+            float2 dm[2][2];  // d, m of this lane's rows g and g + 8 of each 16-row slice
 #pragma unroll
             for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int r = p.wr + mi * 16 + p.g + 8 * h;
-                    const int packed = s.wscale[r][j];
-                    const float2 dm = s.wdm[r][j];
-                    rv[mi][h].sc0 = int(int8_t(packed & 0xFF));
-                    rv[mi][h].sc1 = int(int8_t((packed >> 8) & 0xFF));
-                    rv[mi][h].d = dm.x;
-                    rv[mi][h].m = dm.y;
-                }
+                for (int h = 0; h < 2; ++h) dm[mi][h] = s.wdm[p.wr + mi * 16 + p.g + 8 * h][j];
 #pragma unroll
             for (int ni = 0; ni < 4; ++ni) {
                 const int b0 = bf[ni >> 1][2 * (ni & 1)], b1 = bf[ni >> 1][2 * (ni & 1) + 1];
@@ -225,10 +215,10 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_legacy_kernel(DevWeight w, De
                 for (int mi = 0; mi < 2; ++mi) {
                     int h0[4];
                     mma_k32(h0, af[mi], b0, b1);
-                    const float t_[4] = {block_term<K>(rv[mi][0], h0[0], 0, da.x, as.x),
-                                         block_term<K>(rv[mi][0], h0[1], 0, da.y, as.y),
-                                         block_term<K>(rv[mi][1], h0[2], 0, da.x, as.x),
-                                         block_term<K>(rv[mi][1], h0[3], 0, da.y, as.y)};
+                    const float t_[4] = {block_term<K>(dm[mi][0].x, dm[mi][0].y, h0[0], da.x, as.x),
+                                         block_term<K>(dm[mi][0].x, dm[mi][0].y, h0[1], da.y, as.y),
+                                         block_term<K>(dm[mi][1].x, dm[mi][1].y, h0[2], da.x, as.x),
+                                         block_term<K>(dm[mi][1].x, dm[mi][1].y, h0[3], da.y, as.y)};
 #pragma unroll
                     for (int e = 0; e < 4; ++e) c[mi][ni][e] = __fadd_rn(c[mi][ni][e], t_[e]);
                 }

@@ -29,20 +29,20 @@ __device__ __forceinline__ void block_sums(const BlockVals& v, const DevAct& a, 
 // Legacy types: each lane's block term; a chunk's terms summed left to right
 // across its eight lanes, then the round's chunks added in order.
 template <WType T, int NT>
-__device__ __forceinline__ void legacy_round(const uint8_t* rowp, const DevAct& a, int64_t ci, int64_t b, int j,
-                                             int nb, int n_here, float (&acc)[NT]) {
+__device__ __forceinline__ void legacy_round(const uint8_t* rowp, int block_stride, const DevAct& a, int64_t ci,
+                                             int64_t b, int j, int nb, int n_here, float (&acc)[NT]) {
     const int grp = (threadIdx.x & 31) >> 3;
     float term[NT];
 #pragma unroll
     for (int t = 0; t < NT; ++t) term[t] = 0.0f;
     if (j < nb) {
-        const BlockVals v = decode_block<T, false>(chunk_ptr<T>(rowp, ci, 0), j);
+        const BlockVals v = decode_block<T, false>(chunk_ptr<T>(rowp, ci, block_stride), j);
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
             int H0, H1;
             block_sums(v, a, t, b, H0, H1);
             const int64_t ab = int64_t(t) * a.blocks + b;
-            term[t] = block_term<BlockInfo<T>::kind>(v, H0, H1, a.d[ab], a.sum[ab]);
+            term[t] = block_term<BlockInfo<T>::kind>(v.d, v.m, H0 + H1, a.d[ab], a.sum[ab]);
         }
     }
     // Chunk sums, left to right over the group's lanes (every lane of a
@@ -135,7 +135,7 @@ __global__ void __launch_bounds__(kWarps * 32) mmvq_kernel(DevWeight w, DevAct a
         if constexpr (BlockInfo<T>::kquant)
             kquant_round<T, WIDE, NT>(rowp, w.block_stride, a, ci, b, j < nb, n_here, acc);
         else
-            legacy_round<T, NT>(rowp, a, ci, b, j, nb, n_here, acc);
+            legacy_round<T, NT>(rowp, w.block_stride, a, ci, b, j, nb, n_here, acc);
     }
     if (lane < NT) {
         float mine = acc[0];
