@@ -119,9 +119,11 @@ float sum_terms_chunked(const float* terms, int64_t n_blocks) {
     return r;
 }
 
+bool dot_grouped_type(TensorType type) { return detail::row_grouped_scalar(type) != nullptr; }
+
 float dot_row_chunked(TensorType type, const void* w_row, const block_q8a* a, int64_t k) {
     const auto info = tensor_type_info(uint32_t(type));
-    const detail::DotTermsFn terms = detail::block_terms_scalar(type);
+    const detail::DotTermsFn terms = detail::block_terms_scalar(type);  // null: no integer dot product
     if (!terms || k < 0 || k % int64_t(info->block_elems) != 0) return std::numeric_limits<float>::quiet_NaN();
     if (const DotRowFn grouped = detail::row_grouped_scalar(type)) return grouped(w_row, a, k);
     // Legacy blocks one chunk of eight at a time, so no buffer grows with the row.

@@ -104,6 +104,10 @@ Status dot_block_terms(TensorType type, const void* w_row, const block_q8a* a, i
 // result starts at +0.0f and adds c_0, c_1, ... in order.
 float sum_terms_chunked(const float* terms, int64_t n_blocks);
 
+// Types whose CUDA kernels sum a super-block's integers before any float step
+// and so read activations from quantize_act_row_grouped: the K-quants.
+bool dot_grouped_type(TensorType type);
+
 // The CUDA kernels' result, bit for bit:
 //  - legacy types (32-element blocks): sum_terms_chunked of dot_block_terms;
 //  - K-quants: one term per super-block from its integer totals, in the order

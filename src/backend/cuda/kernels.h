@@ -63,7 +63,7 @@ struct DevAct {
 bool int_type(WType t);
 
 // The activation group the integer kernels of a weight type read: 8 for the
-// K-quants (q4_K, q5_K, q6_K), 1 for the legacy types.
+// K-quants (quant::dot_grouped_type), 1 for the legacy types.
 int act_group(WType t);
 
 // x: n_tokens rows of cols floats (row stride x_stride), cols a multiple of

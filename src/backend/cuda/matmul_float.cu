@@ -1,11 +1,13 @@
 // Float-weight matmul (F32, F16, BF16 files) and the small weight helpers:
-// which types have integer kernels, and the q6_K padding repack used at
+// which types have integer kernels and which activation grouping they read
+// (quant::dot_grouped_type's), and the q6_K padding repack used at
 // registration. (Block geometry is the GGUF type table's, gguf/tensor_type.h.) Float weights are rare in deployed models, so
 // the matmul is a plain shared-memory tiled f32 kernel checked by tolerance.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include "backend/cuda/kernels.h"
+#include "quant/dot.h"
 
 namespace tern::cuda {
 
@@ -17,7 +19,7 @@ bool int_type(WType t) {
     }
 }
 
-int act_group(WType t) { return t == WType::Q4_K || t == WType::Q5_K || t == WType::Q6_K ? 8 : 1; }
+int act_group(WType t) { return int_type(t) && quant::dot_grouped_type(TensorType(uint32_t(t))) ? 8 : 1; }
 
 namespace {
 
