@@ -174,8 +174,11 @@ std::shared_ptr<CommGroup> make_host_group(int n_ranks);
 Result<std::shared_ptr<CommGroup>> make_nccl_group(const std::vector<int>& devices);
 
 // The CPU backend; threads <= 0 means all cores. Given a host group, it is
-// rank `rank` of it.
-std::unique_ptr<Backend> make_cpu_backend(int threads = 0, std::shared_ptr<CommGroup> group = nullptr, int rank = 0);
+// rank `rank` of it. grouped_kquant_acts: K-quant matrices read activations
+// quantized as the CUDA backend's do (cpu::MatmulOptions), for comparing the
+// two backends on the same activations.
+std::unique_ptr<Backend> make_cpu_backend(int threads = 0, std::shared_ptr<CommGroup> group = nullptr, int rank = 0,
+                                          bool grouped_kquant_acts = false);
 
 // The CUDA backend on GPU `device`, or an error naming why it cannot be had
 // (a build without CUDA, no driver, no such device). Given an NCCL group, it

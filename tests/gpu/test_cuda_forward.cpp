@@ -4,12 +4,10 @@
 //    40-token random prompt, then decode 24 tokens chosen greedily from the
 //    CPU's logits, so both backends see the same tokens. Asserted per model:
 //      logits: max |gpu - cpu| / max |cpu| per position <= 2e-3 for float
-//        weights, 2e-2 for legacy quantized ones (activations are quantized
-//        the same way on both sides; the GPU sums in another order, and the
-//        rounding differences grow through the layers), 5e-2 for files with
-//        K-quant matrices, whose GPU kernels read activations with one scale
-//        per 256 elements where the CPU's have one per 32 (kernels.h; the
-//        worst seen was 3.1e-2);
+//        weights, 2e-2 for quantized ones (activations are quantized the same
+//        way on both sides: the CPU backend runs with grouped_kquant_acts, so
+//        its K-quant matrices read the GPU's grouping; the GPU sums in another
+//        order, and the rounding differences grow through the layers);
 //      top-1: the GPU's argmax equals the CPU's at >= 99% of the positions
 //        where the CPU's top-2 margin exceeds half the logit tolerance
 //        times max |logit| (closer calls may flip within the tolerance);
@@ -58,8 +56,7 @@ namespace tern {
 namespace {
 
 constexpr double kFloatTol = 2e-3;     // max |gpu - cpu| / max |cpu| of a position's logits, float weights
-constexpr double kQuantTol = 2e-2;     // the same, legacy quantized weights
-constexpr double kKquantTol = 5e-2;    // the same, K-quant matrices (GPU activations grouped by 256)
+constexpr double kQuantTol = 2e-2;     // the same, quantized weights
 // Top-1 is counted where the CPU's top-2 margin exceeds half the logit
 // tolerance times max |logit|: closer calls can flip within the tolerance.
 constexpr double kMarginOfTolerance = 0.5;
@@ -204,7 +201,7 @@ TEST_P(CudaForward, MatchesCpuAndIsDeterministic) {
     // Slots: 0, 1 the two sequences; 2, 3 the repeat; 4 sequence 0 one token per call.
     const int n_ctx = kPrompt + kDecode;
     Runner cpu, gpu;
-    load(**file, backend::make_cpu_backend(0), kPrompt, 2, n_ctx, cpu);
+    load(**file, backend::make_cpu_backend(0, nullptr, 0, /*grouped_kquant_acts=*/true), kPrompt, 2, n_ctx, cpu);
     if (HasFatalFailure()) return;
     auto cuda = cuda_backend();
     ASSERT_TRUE(cuda);
@@ -255,11 +252,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"tiny", quant::FileType::BF16, kFloatTol}, Case{"tiny", quant::FileType::Q8_0, kQuantTol},
                       Case{"tiny", quant::FileType::Q4_0, kQuantTol}, Case{"tiny", quant::FileType::Q4_1, kQuantTol},
                       Case{"tiny", quant::FileType::Q5_0, kQuantTol}, Case{"tiny", quant::FileType::Q5_1, kQuantTol},
-                      Case{"tiny", quant::FileType::Q4_K_M, kKquantTol},
-                      Case{"tiny", quant::FileType::Q5_K_M, kKquantTol},
-                      Case{"tiny", quant::FileType::Q6_K, kKquantTol},
+                      Case{"tiny", quant::FileType::Q4_K_M, kQuantTol},
+                      Case{"tiny", quant::FileType::Q5_K_M, kQuantTol},
+                      Case{"tiny", quant::FileType::Q6_K, kQuantTol},
                       Case{"qwen2", quant::FileType::ALL_F32, kFloatTol},
-                      Case{"qwen2", quant::FileType::F16, kFloatTol}, Case{"qwen2", quant::FileType::Q4_K_M, kKquantTol},
+                      Case{"qwen2", quant::FileType::F16, kFloatTol}, Case{"qwen2", quant::FileType::Q4_K_M, kQuantTol},
                       Case{"qwen2", quant::FileType::Q8_0, kQuantTol}),
     [](const ::testing::TestParamInfo<Case>& i) { return case_name(i.param); });
 
@@ -267,7 +264,7 @@ INSTANTIATE_TEST_SUITE_P(
 // sequences prefilled in one call and decoded two tokens per call give each
 // the bits it gets alone.
 TEST_F(CudaModel, SequenceAloneEqualsSequenceInABatch) {
-    const Case c{"tiny", quant::FileType::Q4_K_M, kKquantTol};
+    const Case c{"tiny", quant::FileType::Q4_K_M, kQuantTol};
     const uint64_t seed = run_seed() + 17;
     SCOPED_TRACE("seed " + std::to_string(run_seed()));
     const SynthFile synth(c, seed);

@@ -13,6 +13,7 @@
 #include <random>
 #include <string>
 
+#include "backend/backend.h"
 #include "backend/cpu/matmul.h"
 #include "dot_test_util.h"
 
@@ -189,6 +190,87 @@ TEST(Matmul, PreQuantizedActivationsGiveTheSameResult) {
     std::vector<float> out = poisoned(n * rows);
     ASSERT_TRUE(backend::cpu::matmul_q8a(m.w, xq.data(), n, out.data()).ok());
     expect_same_bits(out, run(m.w, x, n, {}), "matmul_q8a vs matmul");
+}
+
+// grouped_kquant_acts: K-quant weights see activations quantized one scale per
+// 256 elements (as the CUDA backend's kernels do), other types per block; each
+// output has the one-token row kernel's bits on those activations, and the
+// grouping does change a K-quant result.
+TEST(Matmul, GroupedActivationsForKquantWeightsOnly) {
+    std::mt19937 rng(seed() + 14);
+    SCOPED_TRACE("seed " + std::to_string(seed()));
+    const int64_t rows = 37, cols = 768, n = 9;
+    MatmulOptions grouped;
+    grouped.grouped_kquant_acts = true;
+    for (TensorType t : {TensorType::Q4_K, TensorType::Q6_K, TensorType::Q8_0, TensorType::Q4_1}) {
+        SCOPED_TRACE(name(t));
+        const Matrix m = make_matrix(rng, t, rows, cols);
+        const std::vector<float> x = random_acts(rng, n * cols);
+        const bool kquant = t == TensorType::Q4_K || t == TensorType::Q6_K;
+        EXPECT_EQ(backend::cpu::reads_grouped_acts(t, grouped), kquant);
+        EXPECT_FALSE(backend::cpu::reads_grouped_acts(t, MatmulOptions{}));
+        std::vector<block_q8a> xq(static_cast<size_t>(n * cols / 32));
+        for (int64_t tok = 0; tok < n; ++tok) {
+            if (kquant)
+                quantize_act_row_grouped(x.data() + tok * cols, xq.data() + tok * cols / 32, cols);
+            else
+                quantize_act_row(x.data() + tok * cols, xq.data() + tok * cols / 32, cols, SimdPath::scalar);
+        }
+        const DotRowFn dot = dot_row_kernel(t, SimdPath::scalar);
+        const std::vector<float> got = run(m.w, x, n, grouped);
+        std::vector<float> want(static_cast<size_t>(n * rows));
+        for (int64_t tok = 0; tok < n; ++tok)
+            for (int64_t r = 0; r < rows; ++r)
+                want[size_t(tok * rows + r)] = dot(m.bytes.data() + size_t(r) * m.w.row_bytes, xq.data() + tok * cols / 32, cols);
+        expect_same_bits(got, want, "grouped option vs the row kernel on the grouping's activations");
+        const std::vector<float> plain = run(m.w, x, n, {});
+        size_t differ = 0;
+        for (size_t i = 0; i < got.size(); ++i) differ += bits_of(got[i]) != bits_of(plain[i]);
+        if (kquant)
+            EXPECT_GT(differ, got.size() / 2) << "the grouping left most K-quant outputs unchanged";
+        else
+            EXPECT_EQ(differ, 0u) << "a legacy type's activations were grouped";
+    }
+}
+
+// The CPU backend's matmul_shared, with K-quant and legacy matrices on one
+// input and grouped_kquant_acts on: each target gets the bits of matmul()
+// under the same option (so the shared input is quantized per grouping).
+TEST(Matmul, BackendSharedInputKeepsEachMatrixsGrouping) {
+    std::mt19937 rng(seed() + 15);
+    SCOPED_TRACE("seed " + std::to_string(seed()));
+    const int64_t cols = 512, n = 5;
+    MatmulOptions grouped;
+    grouped.grouped_kquant_acts = true;
+    const TensorType types[] = {TensorType::Q4_K, TensorType::Q8_0, TensorType::Q6_K, TensorType::Q4_0};
+    std::vector<Matrix> ms;
+    for (TensorType t : types) ms.push_back(make_matrix(rng, t, 19, cols));
+    const std::vector<float> x = random_acts(rng, n * cols);
+
+    auto be = backend::make_cpu_backend(1, nullptr, 0, /*grouped_kquant_acts=*/true);
+    std::vector<Weight> ws;
+    for (const Matrix& m : ms) {
+        auto w = be->register_weight(m.w);
+        ASSERT_TRUE(w.ok()) << w.error().message;
+        ws.push_back(*w);
+    }
+    auto xt = be->alloc(n, cols);
+    ASSERT_TRUE(xt.ok());
+    be->upload(x.data(), *xt);
+    std::vector<backend::Tensor> ys;
+    for (size_t i = 0; i < ws.size(); ++i) {
+        auto y = be->alloc(n, ws[i].rows);
+        ASSERT_TRUE(y.ok());
+        ys.push_back(*y);
+    }
+    be->matmul_shared(*xt, {{&ws[0], ys[0]}, {&ws[1], ys[1]}, {&ws[2], ys[2]}, {&ws[3], ys[3]}});
+    ASSERT_TRUE(be->take_error().ok());
+    for (size_t i = 0; i < ws.size(); ++i) {
+        SCOPED_TRACE(name(types[i]));
+        std::vector<float> got = poisoned(n * ws[i].rows);
+        be->download(ys[i], got.data());
+        expect_same_bits(got, run(ms[i].w, x, n, grouped), "matmul_shared vs matmul");
+    }
 }
 
 TEST(Matmul, LargeShapeAgreesWithDoubleReference) {

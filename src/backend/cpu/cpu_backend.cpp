@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <deque>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,12 +23,13 @@ namespace {
 
 class CpuBackend final : public Backend {
 public:
-    CpuBackend(int threads, std::shared_ptr<CommGroup> group, int rank)
+    CpuBackend(int threads, std::shared_ptr<CommGroup> group, int rank, bool grouped_kquant_acts)
         : threads_(threads > 0 ? threads : omp_get_num_procs()),
           group_(std::move(group)),
           host_(dynamic_cast<HostGroup*>(group_.get())),
           rank_(rank) {
         omp_set_num_threads(threads_);
+        matmul_opt_.grouped_kquant_acts = grouped_kquant_acts;
     }
 
     std::string name() const override { return "cpu"; }
@@ -94,30 +96,32 @@ public:
     }
 
     void matmul(const Weight& w, Tensor x, Tensor y, const Weight* bias) override {
-        if (Status s = cpu::matmul(w, x.data, x.rows, y.data); !s.ok()) note(s);
+        if (Status s = cpu::matmul(w, x.data, x.rows, y.data, matmul_opt_); !s.ok()) note(s);
         if (bias) add_bias(y, *bias);
     }
 
-    // Integer-kernel matrices share one quantization of x.
+    // Integer-kernel matrices share one quantization of x, made again only
+    // when a matrix reads the other grouping (cpu::reads_grouped_acts).
     void matmul_shared(Tensor x, std::initializer_list<MatmulTarget> targets) override {
-        bool quantized = false;
+        std::optional<bool> quantized;  // the grouping shared_xq_ holds for x
         for (const MatmulTarget& t : targets) {
             if (!quant::dot_int_type(t.w->type) || x.cols % quant::QK8A != 0) {
                 matmul(*t.w, x, t.y, t.bias);
                 continue;
             }
-            if (!quantized) {
+            if (const bool grouped = cpu::reads_grouped_acts(t.w->type, matmul_opt_); quantized != grouped) {
                 try {
                     shared_xq_.resize(size_t(x.rows * (x.cols / quant::QK8A)));
                 } catch (const std::bad_alloc&) {
                     return note(Error{"matmul: out of memory quantizing " + std::to_string(x.rows) + " x " +
                                       std::to_string(x.cols) + " activations"});
                 }
-                if (Status s = cpu::quantize_activations(x.data, x.rows, x.cols, shared_xq_.data()); !s.ok())
+                if (Status s = cpu::quantize_activations(x.data, x.rows, x.cols, shared_xq_.data(), matmul_opt_, grouped);
+                    !s.ok())
                     return note(s);
-                quantized = true;
+                quantized = grouped;
             }
-            if (Status s = cpu::matmul_q8a(*t.w, shared_xq_.data(), x.rows, t.y.data); !s.ok()) note(s);
+            if (Status s = cpu::matmul_q8a(*t.w, shared_xq_.data(), x.rows, t.y.data, matmul_opt_); !s.ok()) note(s);
             if (t.bias) add_bias(t.y, *t.bias);
         }
     }
@@ -215,6 +219,7 @@ private:
     std::deque<std::vector<float>> buffers_;
     std::deque<std::vector<float>> small_f32_;
     std::vector<quant::block_q8a> shared_xq_;  // matmul_shared's quantized input
+    cpu::MatmulOptions matmul_opt_;
     KvCacheShape kv_shape_;
     std::vector<uint16_t> k_, v_;
     BatchLayout layout_;
@@ -223,8 +228,9 @@ private:
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(int threads, std::shared_ptr<CommGroup> group, int rank) {
-    return std::make_unique<CpuBackend>(threads, std::move(group), rank);
+std::unique_ptr<Backend> make_cpu_backend(int threads, std::shared_ptr<CommGroup> group, int rank,
+                                          bool grouped_kquant_acts) {
+    return std::make_unique<CpuBackend>(threads, std::move(group), rank, grouped_kquant_acts);
 }
 
 }  // namespace tern::backend

@@ -119,8 +119,12 @@ Status matmul_float(const Weight& w, size_t stride, const float* x, int64_t n_to
 
 }  // namespace
 
+bool reads_grouped_acts(TensorType type, const MatmulOptions& opt) {
+    return opt.grouped_kquant_acts && quant::dot_grouped_type(type);
+}
+
 Status quantize_activations(const float* x, int64_t n_tokens, int64_t cols, quant::block_q8a* xq,
-                            const MatmulOptions& opt) {
+                            const MatmulOptions& opt, bool grouped) {
     if (cols < 1 || cols % quant::QK8A != 0)
         return Error{"quantize_activations: " + std::to_string(cols) + " columns are not a multiple of 32"};
     if (Status s = check_io(x, xq, n_tokens, "quantize_activations"); !s.ok())
@@ -132,7 +136,12 @@ Status quantize_activations(const float* x, int64_t n_tokens, int64_t cols, quan
     const int64_t nbk = cols / quant::QK8A;
     const bool parallel = n_tokens > 1 && n_tokens * cols >= kSerialWork / 16;
 #pragma omp parallel for schedule(static) num_threads(thread_count(opt)) if (parallel)
-    for (int64_t t = 0; t < n_tokens; ++t) quant::quantize_act_row(x + t * cols, xq + t * nbk, cols, *path);
+    for (int64_t t = 0; t < n_tokens; ++t) {
+        if (grouped)
+            quant::quantize_act_row_grouped(x + t * cols, xq + t * nbk, cols);
+        else
+            quant::quantize_act_row(x + t * cols, xq + t * nbk, cols, *path);
+    }
     return {};
 }
 
@@ -202,7 +211,8 @@ Status matmul(const Weight& w, const float* x, int64_t n_tokens, float* out, con
         return Error{"matmul: out of memory quantizing " + std::to_string(n_tokens) + " x " +
                      std::to_string(w.cols) + " activations"};
     }
-    if (Status s = quantize_activations(x, n_tokens, w.cols, xq.data(), opt); !s.ok()) return s;
+    if (Status s = quantize_activations(x, n_tokens, w.cols, xq.data(), opt, reads_grouped_acts(w.type, opt)); !s.ok())
+        return s;
     return matmul_q8a(w, xq.data(), n_tokens, out, opt);
 }
 

@@ -24,7 +24,15 @@ namespace tern::backend::cpu {
 struct MatmulOptions {
     std::optional<quant::SimdPath> path;  // default: quant::simd_path_best()
     int n_threads = 0;                    // <= 0: OpenMP's current default
+    // K-quant weights (quant::dot_grouped_type) read activations quantized
+    // with one scale per 256 elements (quant::quantize_act_row_grouped), as
+    // the CUDA backend's kernels read them, so that the two backends can be
+    // compared on the same activations.
+    bool grouped_kquant_acts = false;
 };
+
+// Whether a weight of this type reads grouped activations under opt.
+bool reads_grouped_acts(TensorType type, const MatmulOptions& opt);
 
 // out holds n_tokens * w.rows floats, row-major [t][r]; x holds n_tokens * w.cols.
 // Uses w.type, w.rows, w.cols, w.host and w.row_bytes (0: packed rows).
@@ -38,7 +46,8 @@ Status matmul_q8a(const Weight& w, const quant::block_q8a* xq, int64_t n_tokens,
                   const MatmulOptions& opt = {});
 
 // x [n_tokens][cols] -> xq, cols a multiple of 32; threads over tokens.
+// grouped: one scale per 256 elements (reads_grouped_acts).
 Status quantize_activations(const float* x, int64_t n_tokens, int64_t cols, quant::block_q8a* xq,
-                            const MatmulOptions& opt = {});
+                            const MatmulOptions& opt = {}, bool grouped = false);
 
 }  // namespace tern::backend::cpu
