@@ -5,7 +5,10 @@
 // the once-quantized activations (so the multi-token kernels that batches
 // use give the one-token bits), same bits from call to call, across thread
 // counts and across paths, and a token's row independent of the rest of the
-// batch. Errors come back as values and leave the output untouched.
+// batch. With grouped_kquant_acts, K-quant matrices (and only they) read
+// activations grouped as the CUDA kernels read them, also through the
+// backend's shared input. Errors come back as values and leave the output
+// untouched.
 #include <gtest/gtest.h>
 
 #include <cmath>

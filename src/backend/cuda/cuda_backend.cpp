@@ -266,7 +266,7 @@ public:
     void matmul_shared(Tensor x, std::initializer_list<MatmulTarget> targets) override {
         if (replaying_) return;
         const int64_t n = x.rows;
-        cuda::DevAct a{act_qs_, act_d_, act_sum_, x.cols / 32, 0};
+        cuda::DevAct a{act_qs_, act_d_, act_sum_, x.cols / 32, 0};  // group 0: x not quantized yet
         for (const MatmulTarget& t : targets) {
             auto& d = *static_cast<DeviceWeight*>(t.w->impl);
             if (Status s = ensure_on_device(*t.w, d); !s.ok()) return note(s);
