@@ -104,12 +104,14 @@ CaseResult run_case(const Heads& h, const Case& c, int64_t l2, uint64_t seed, cu
         dout[s] = DevBuf<float>(q.size());
     }
     DevBuf<float> workspace(cuda::attention_workspace_bytes(c.n_tokens, h.n_heads, kHeadDim, c.ctx) / sizeof(float));
-    res.split = workspace.size() > 0 && cuda::attention_splits(c.n_tokens, h.n_heads, c.ctx);
+    // One decode token, or one sequence's prefill.
+    const cuda::AttnBatch kind = c.n_tokens == 1 ? cuda::AttnBatch::Decode : cuda::AttnBatch::Prefill;
+    res.split = workspace.size() > 0 && cuda::attention_splits(c.n_tokens, h.n_heads, kHeadDim, c.ctx, kind);
 
     auto launch = [&](int slot, int s) {
         const int32_t* slot_of_tokens = dslots.get() + size_t(slot) * size_t(c.n_tokens);
         cuda::attention(layer, dq[s].get(), c.n_tokens, h.n_heads, scale, slot_of_tokens, dpos.get(), dout[s].get(),
-                        workspace.get(), stream);
+                        workspace.get(), kind, stream);
     };
 
     // Validation on the last KV copy: the first and last tokens, and a few

@@ -35,8 +35,12 @@
 //    and serves every warp of the tile. A tile mixing slots (the device
 //    decides, since slot and pos are device arrays) has each warp read its own
 //    rows from global memory, token by token, as the decode kernel does.
-// Both kernels run the identical arithmetic per (token, head, chunk), so the
-// choice of kernel never changes a bit of the result.
+// Both kernels run the identical arithmetic per (token, head, chunk), and
+// every kernel takes a token's positions in the segments of
+// attention_internal.cuh (separate CTAs when splitting, else one after
+// another, merged in the kernel as the combine merges them), so neither the
+// choice of kernel nor the split changes a bit of the result: a token gets
+// the same bits alone, among 64 others, in a prefill or in a decode step.
 //
 // Every sum runs in a fixed order and warp reductions are butterflies whose
 // result is the same bits on every lane (or transpose reductions whose result
@@ -55,6 +59,9 @@ namespace tern::cuda {
 namespace {
 
 using attn::in_cache;
+using attn::merge_value;
+using attn::merge_weights;
+using attn::MergeWeights;
 using attn::Partials;
 using attn::slot_rows;
 
@@ -64,14 +71,18 @@ constexpr int kMaxHeadDim = 256;
 constexpr int kChunk = kWarp;        // positions scored together: one per lane
 constexpr int kMaxWarps = 8;         // query heads per CTA; larger GQA groups take several CTAs
 constexpr int kPrefillWarps = 16;    // warps of a prefill CTA: tile tokens x query heads
-constexpr int kMinSegment = 64;      // positions per split-KV segment, at most contexts
+// Positions per segment at most context lengths. Every token's arithmetic
+// depends on it (attention_internal.cuh): 64 made a long prefill merge too
+// often (pp2048 -1.4%), 256 gave a decode token too few CTAs (LOG g27).
+constexpr int kMinSegment = 128;
 constexpr int kMaxSegments = 256;    // longer contexts grow the segment instead (bounded workspace)
 
 struct AttnShape {
     int n_heads = 0, n_kv_heads = 0, head_dim = 0;
-    int group = 0;   // query heads per KV head
-    int warps = 0;   // query heads per CTA: min(group, kMaxWarps)
-    int chunks = 0;  // CTAs per (token or tile, KV head): ceil(group / warps)
+    int group = 0;    // query heads per KV head
+    int warps = 0;    // query heads per CTA: min(group, kMaxWarps)
+    int chunks = 0;   // CTAs per (token or tile, KV head): ceil(group / warps)
+    int seg_len = 0;  // positions per segment (segment_length of the cache)
     float scale = 0.0f;
 };
 
@@ -264,6 +275,31 @@ __device__ void attend_global(const float (&q)[D], const uint16_t* k_rows, const
     }
 }
 
+// Folds a finished segment's state into the merge of the earlier ones
+// (attention_internal.cuh) and starts the segment state afresh.
+template <int D>
+__device__ void merge_segment(Softmax<D>& total, Softmax<D>& seg) {
+    if (seg.m != -INFINITY) {
+        const MergeWeights w = merge_weights(total.m, seg.m);
+        total.l = merge_value(total.l, seg.l, w);
+#pragma unroll
+        for (int c = 0; c < D; ++c) total.acc[c] = merge_value(total.acc[c], seg.acc[c], w);
+        total.m = w.m;
+    }
+    seg = Softmax<D>();
+}
+
+// Positions 0..end-1 segment by segment, merged into total.
+template <int D>
+__device__ void attend_segments(const float (&q)[D], const uint16_t* k_rows, const uint16_t* v_rows, int64_t stride,
+                                int end, int seg_len, float scale, int lane, Softmax<D>& total) {
+    for (int begin = 0; begin < end; begin += seg_len) {
+        Softmax<D> st;
+        attend_global<D>(q, k_rows, v_rows, stride, begin, min(end, begin + seg_len), scale, lane, st);
+        merge_segment<D>(total, st);
+    }
+}
+
 template <int D>
 __device__ void write_output(const Softmax<D>& st, float* out_row, int lane) {
     const float inv = st.l > 0.0f ? __fdiv_rn(1.0f, st.l) : 0.0f;
@@ -278,13 +314,13 @@ __device__ void load_q(const float* q_row, int lane, float (&q)[D]) {
 }
 
 // Decode (and split) kernel. Grid: x = (token * n_kv_heads + kv_head) * chunks
-// + chunk, y = segment. Block: sh.warps warps. part.acc == null: one segment
-// spanning the whole context, output written to out; otherwise segments of
-// seg_len positions (a multiple of kChunk), partials written to part.
+// + chunk, y = segment. Block: sh.warps warps. part.acc == null: every
+// segment in turn, merged, output written to out; otherwise segment y of
+// sh.seg_len positions, partials written to part.
 template <int D>
 __global__ void __launch_bounds__(kMaxWarps * kWarp, 2)
     attention_decode_kernel(KvLayer kv, const float* q, AttnShape sh, const int32_t* slot, const int32_t* pos,
-                            float* out, Partials part, int seg_len) {
+                            float* out, Partials part) {
     const int warp = int(threadIdx.x) / kWarp, lane = int(threadIdx.x) % kWarp;
     const int64_t cta = blockIdx.x;
     const int chunk = int(cta % sh.chunks);
@@ -304,19 +340,22 @@ __global__ void __launch_bounds__(kMaxWarps * kWarp, 2)
             for (int d = lane; d < hd; d += kWarp) out[row * hd + d] = NAN;
         return;
     }
-    const int begin = int(blockIdx.y) * seg_len;
-    if (begin > last) return;  // segment past this token's context: the combine does not read it
-    const int end = min(last + 1, begin + seg_len);  // begin + seg_len <= n_seg * seg_len: no overflow
-
+    const uint16_t* k_rows = slot_rows(kv.k, kv, s, kvh);
+    const uint16_t* v_rows = slot_rows(kv.v, kv, s, kvh);
+    const int64_t stride = int64_t(kv.n_kv_heads) * hd;
     float qr[D];
-    load_q<D>(q + row * hd, lane, qr);
-    Softmax<D> st;
-    attend_global<D>(qr, slot_rows(kv.k, kv, s, kvh), slot_rows(kv.v, kv, s, kvh), int64_t(kv.n_kv_heads) * hd,
-                     begin, end, sh.scale, lane, st);
-
     if (part.acc == nullptr) {
-        write_output<D>(st, out + row * hd, lane);
+        load_q<D>(q + row * hd, lane, qr);
+        Softmax<D> total;
+        attend_segments<D>(qr, k_rows, v_rows, stride, last + 1, sh.seg_len, sh.scale, lane, total);
+        write_output<D>(total, out + row * hd, lane);
     } else {
+        const int begin = int(blockIdx.y) * sh.seg_len;
+        if (begin > last) return;  // segment past this token's context: the combine does not read it
+        const int end = min(last + 1, begin + sh.seg_len);  // begin + seg_len <= n_seg * seg_len: no overflow
+        load_q<D>(q + row * hd, lane, qr);
+        Softmax<D> st;
+        attend_global<D>(qr, k_rows, v_rows, stride, begin, end, sh.scale, lane, st);
         const int64_t r = row * part.n_seg + blockIdx.y;
 #pragma unroll
         for (int c = 0; c < D; ++c) part.acc[r * hd + lane * D + c] = st.acc[c];
@@ -450,7 +489,7 @@ __global__ void __launch_bounds__(kPrefillWarps * kWarp)
 
     const int64_t stride = int64_t(kv.n_kv_heads) * hd;
     float qr[T][D];
-    Softmax<D> st[T];
+    Softmax<D> total[T];  // the merge of each token's finished segments
 #pragma unroll
     for (int i = 0; i < T; ++i)
         if (end[i] > 0) load_q<D>(q + row_of(i) * hd, lane, qr[i]);
@@ -459,10 +498,11 @@ __global__ void __launch_bounds__(kPrefillWarps * kWarp)
         for (int i = 0; i < T; ++i)
             if (end[i] > 0) {
                 const int32_t s = slot[first + i];
-                attend_global<D>(qr[i], slot_rows(kv.k, kv, s, kvh), slot_rows(kv.v, kv, s, kvh), stride, 0, end[i],
-                                 sh.scale, lane, st[i]);
+                attend_segments<D>(qr[i], slot_rows(kv.k, kv, s, kvh), slot_rows(kv.v, kv, s, kvh), stride, end[i],
+                                   sh.seg_len, sh.scale, lane, total[i]);
             }
     } else {
+        Softmax<D> st[T];  // the current segment's state
         const uint16_t* k_rows = slot_rows(kv.k, kv, tile_slot, kvh);
         const uint16_t* v_rows = slot_rows(kv.v, kv, tile_slot, kvh);
         const SmemRows rows{tile, hd};
@@ -472,6 +512,10 @@ __global__ void __launch_bounds__(kPrefillWarps * kWarp)
         for (int p0 = 0; p0 < tile_end; p0 += kChunk) {
             const int n = min(kChunk, tile_end - p0);
             const bool mine = p0 < warp_end;  // warp-uniform
+            if (p0 > 0 && p0 % sh.seg_len == 0) {
+#pragma unroll
+                for (int i = 0; i < T; ++i) merge_segment<D>(total[i], st[i]);
+            }
             __syncthreads();  // every warp is done with the previous V
             stage_rows(k_rows, stride, p0, n, hd, tile);
             __syncthreads();
@@ -507,15 +551,18 @@ __global__ void __launch_bounds__(kPrefillWarps * kWarp)
                 }
             }
         }
+#pragma unroll
+        for (int i = 0; i < T; ++i) merge_segment<D>(total[i], st[i]);
     }
 #pragma unroll
     for (int i = 0; i < T; ++i)
-        if (end[i] > 0) write_output<D>(st[i], out + row_of(i) * hd, lane);
+        if (end[i] > 0) write_output<D>(total[i], out + row_of(i) * hd, lane);
 }
 
-// One CTA of head_dim threads per (token, head) row; thread d combines dim d
-// of the segments 0..pos/seg_len in order. Every thread computes the same
-// max and denominator from the same values, so they agree bit for bit.
+// One CTA of head_dim threads per (token, head) row; thread d merges dim d
+// of the segments 0..pos/seg_len in order (attention_internal.cuh), as the
+// direct kernels merge them. Every thread computes the same running max and
+// denominator from the same values, so they agree bit for bit.
 __global__ void attention_combine_kernel(KvLayer kv, int n_heads, int head_dim, const int32_t* slot,
                                          const int32_t* pos, Partials part, int seg_len, float* out) {
     const int64_t row = blockIdx.x;
@@ -528,13 +575,14 @@ __global__ void attention_combine_kernel(KvLayer kv, int n_heads, int head_dim, 
     }
     const int n_seg = last / seg_len + 1;  // <= part.n_seg since last < n_ctx
     const int64_t r0 = row * part.n_seg;
-    float m = -INFINITY;
-    for (int i = 0; i < n_seg; ++i) m = fmaxf(m, part.m[r0 + i]);
-    float l = 0.0f, a = 0.0f;
+    float m = -INFINITY, l = 0.0f, a = 0.0f;
     for (int i = 0; i < n_seg; ++i) {
-        const float w = expf(__fsub_rn(part.m[r0 + i], m));
-        l = __fadd_rn(l, __fmul_rn(part.l[r0 + i], w));
-        a = __fadd_rn(a, __fmul_rn(part.acc[(r0 + i) * head_dim + d], w));
+        const float seg_m = part.m[r0 + i];
+        if (seg_m == -INFINITY) continue;  // no position (never for a segment up to pos; kept as the kernels do)
+        const MergeWeights w = merge_weights(m, seg_m);
+        l = merge_value(l, part.l[r0 + i], w);
+        a = merge_value(a, part.acc[(r0 + i) * head_dim + d], w);
+        m = w.m;
     }
     const float inv = l > 0.0f ? __fdiv_rn(1.0f, l) : 0.0f;
     out[row * head_dim + d] = a * inv;
@@ -547,9 +595,10 @@ int current_sm_count() {
     return sms;
 }
 
-// Short segments give a decode token many CTAs (ctx 1024: 16 per head); past
+// Short segments give a decode token many CTAs (depth 1024: 8 per head); past
 // kMaxSegments * kMinSegment positions the segment doubles instead, so the
-// workspace stays bounded.
+// workspace stays bounded. A function of the cache's length alone: it fixes
+// the arithmetic of every token (attention_internal.cuh).
 int segment_length(int n_ctx) {
     int seg = kMinSegment;
     while (int64_t(seg) * kMaxSegments < n_ctx) seg *= 2;
@@ -561,13 +610,28 @@ int segments(int n_ctx) {
     return (n_ctx + seg - 1) / seg;
 }
 
-// Largest batch that splits: fewer (token, head) warps than twice the SMs,
-// and a context longer than one segment.
-int64_t max_split_tokens(int n_heads, int n_ctx) {
-    if (n_heads <= 0 || n_ctx <= segment_length(n_ctx)) return 0;
+// Prefill-like batches split while they have fewer (token, head) warps than
+// twice the SMs; decode batches (a token per sequence) up to kMaxSplitTokens
+// tokens, as far as kSplitBudget bytes of partials allow. Nothing splits
+// where the whole cache is one segment.
+constexpr int64_t kMaxSplitTokens = 64;
+constexpr size_t kSplitBudget = size_t(64) << 20;
+
+int64_t fill_tokens(int n_heads) {
     const int64_t sms = current_sm_count();
-    if (sms <= 0) return 0;
-    return (2 * sms - 1) / n_heads;
+    return n_heads > 0 && sms > 0 ? (2 * sms - 1) / n_heads : 0;
+}
+
+size_t split_bytes_per_token(int n_heads, int head_dim, int n_ctx) {
+    return size_t(n_heads) * size_t(segments(n_ctx)) * (size_t(head_dim) + 2) * sizeof(float);
+}
+
+int64_t max_split_tokens(int n_heads, int head_dim, int n_ctx, AttnBatch kind) {
+    if (n_heads <= 0 || head_dim <= 0 || n_ctx <= segment_length(n_ctx)) return 0;
+    const int64_t fill = fill_tokens(n_heads);
+    if (kind == AttnBatch::Prefill) return fill;
+    const int64_t budget = int64_t(kSplitBudget / split_bytes_per_token(n_heads, head_dim, n_ctx));
+    return std::max(fill, std::min(kMaxSplitTokens, budget));
 }
 
 // The workspace as split partials: acc, then m, then l (see Partials).
@@ -588,21 +652,22 @@ void combine(const KvLayer& kv, int64_t n_tokens, int n_heads, const int32_t* sl
         kv, n_heads, kv.head_dim, slot, pos, part, seg_len, out);
 }
 
+// CUDA-core kernels: split segments, a CTA per token (decode batches: their
+// tokens belong to different sequences), or tiles of consecutive tokens that
+// share staged K/V (prefill).
 template <int D>
 void launch(const KvLayer& kv, const float* q, int64_t n_tokens, const AttnShape& sh, const int32_t* slot,
-            const int32_t* pos, float* out, float* workspace, bool split, cudaStream_t stream) {
+            const int32_t* pos, float* out, float* workspace, bool split, AttnBatch kind, cudaStream_t stream) {
     const unsigned threads = unsigned(sh.warps * kWarp);
+    const unsigned token_ctas = unsigned(n_tokens * kv.n_kv_heads * sh.chunks);
     if (split) {
         const Partials part = split_partials(workspace, n_tokens, sh.n_heads, kv);
-        const int seg = segment_length(kv.n_ctx);
-        const unsigned ctas = unsigned(n_tokens * kv.n_kv_heads * sh.chunks);
-        attention_decode_kernel<D><<<dim3(ctas, unsigned(part.n_seg)), threads, 0, stream>>>(kv, q, sh, slot, pos,
-                                                                                            out, part, seg);
-        combine(kv, n_tokens, sh.n_heads, slot, pos, part, seg, out, stream);
-    } else if (n_tokens == 1) {
-        const unsigned ctas = unsigned(kv.n_kv_heads * sh.chunks);
-        attention_decode_kernel<D><<<dim3(ctas, 1), threads, 0, stream>>>(kv, q, sh, slot, pos, out, Partials{},
-                                                                         kv.n_ctx);
+        attention_decode_kernel<D><<<dim3(token_ctas, unsigned(part.n_seg)), threads, 0, stream>>>(kv, q, sh, slot,
+                                                                                                  pos, out, part);
+        combine(kv, n_tokens, sh.n_heads, slot, pos, part, sh.seg_len, out, stream);
+    } else if (n_tokens == 1 || kind == AttnBatch::Decode) {
+        attention_decode_kernel<D><<<dim3(token_ctas, 1), threads, 0, stream>>>(kv, q, sh, slot, pos, out,
+                                                                                Partials{});
     } else {
         const int tile_tokens = kPrefillWarps / sh.warps * PrefillTokens<D>::per_warp;
         const int64_t tiles = (n_tokens + tile_tokens - 1) / tile_tokens;
@@ -624,15 +689,16 @@ bool tensor_cores_on() {
 }
 
 // The tensor-core kernel (attention_mma.cu) for the head shapes it takes.
-// Tiles: one token per CTA for decode-sized batches (their tokens usually
-// belong to different sequences), else about 64 rows of (token, head).
+// Tiles: one token per CTA for decode batches and small ones (their tokens
+// usually belong to different sequences), else about 64 rows of (token, head).
 void launch_mma(const KvLayer& kv, const float* q, int64_t n_tokens, int n_heads, float scale, const int32_t* slot,
-                const int32_t* pos, float* out, float* workspace, bool split, cudaStream_t stream) {
-    constexpr int kDecodeBatch = 16;
+                const int32_t* pos, float* out, float* workspace, bool split, AttnBatch kind, cudaStream_t stream) {
+    constexpr int kSmallBatch = 16;
     const int group = n_heads / kv.n_kv_heads;
-    const int tile_tokens = split || n_tokens <= kDecodeBatch ? 1 : std::max(1, 64 / group);
+    const bool per_token = split || kind == AttnBatch::Decode || n_tokens <= kSmallBatch;
+    const int tile_tokens = per_token ? 1 : std::max(1, 64 / group);
     const Partials part = split ? split_partials(workspace, n_tokens, n_heads, kv) : Partials{};
-    const int seg = split ? segment_length(kv.n_ctx) : kv.n_ctx;
+    const int seg = segment_length(kv.n_ctx);
     attn::attention_mma(kv, q, n_tokens, n_heads, scale, slot, pos, out, part, seg, tile_tokens, stream);
     if (split) combine(kv, n_tokens, n_heads, slot, pos, part, seg, out, stream);
 }
@@ -644,20 +710,22 @@ bool attention_supported(int n_heads, int n_kv_heads, int head_dim) {
            head_dim <= kMaxHeadDim;
 }
 
-bool attention_splits(int64_t n_tokens, int n_heads, int n_ctx) {
-    return n_tokens >= 1 && n_tokens <= max_split_tokens(n_heads, n_ctx);
+int attention_segment_length(int n_ctx) { return segment_length(n_ctx); }
+
+bool attention_splits(int64_t n_tokens, int n_heads, int head_dim, int n_ctx, AttnBatch kind) {
+    return n_tokens >= 1 && n_tokens <= max_split_tokens(n_heads, head_dim, n_ctx, kind);
 }
 
 size_t attention_workspace_bytes(int64_t n_tokens, int n_heads, int head_dim, int n_ctx) {
-    const int64_t max_tokens = max_split_tokens(n_heads, n_ctx);
+    const int64_t max_tokens = max_split_tokens(n_heads, head_dim, n_ctx, AttnBatch::Decode);
     const int64_t tokens = n_tokens < max_tokens ? n_tokens : max_tokens;
-    if (tokens <= 0 || head_dim <= 0) return 0;
+    if (tokens <= 0) return 0;
     // acc, then m, then l (see Partials).
-    return size_t(tokens) * size_t(n_heads) * size_t(segments(n_ctx)) * (size_t(head_dim) + 2) * sizeof(float);
+    return size_t(tokens) * split_bytes_per_token(n_heads, head_dim, n_ctx);
 }
 
 void attention(const KvLayer& kv, const float* q, int64_t n_tokens, int n_heads, float scale, const int32_t* slot,
-               const int32_t* pos, float* out, float* workspace, cudaStream_t stream) {
+               const int32_t* pos, float* out, float* workspace, AttnBatch kind, cudaStream_t stream) {
     if (n_tokens <= 0 || kv.n_ctx <= 0 || !attention_supported(n_heads, kv.n_kv_heads, kv.head_dim)) return;
     AttnShape sh;
     sh.n_heads = n_heads;
@@ -666,21 +734,22 @@ void attention(const KvLayer& kv, const float* q, int64_t n_tokens, int n_heads,
     sh.group = n_heads / kv.n_kv_heads;
     sh.warps = sh.group < kMaxWarps ? sh.group : kMaxWarps;
     sh.chunks = (sh.group + sh.warps - 1) / sh.warps;
+    sh.seg_len = segment_length(kv.n_ctx);
     sh.scale = scale;
-    const bool split = workspace != nullptr && attention_splits(n_tokens, n_heads, kv.n_ctx);
+    const bool split = workspace != nullptr && attention_splits(n_tokens, n_heads, kv.head_dim, kv.n_ctx, kind);
     if (tensor_cores_on() && attn::mma_takes(sh.group, kv.head_dim)) {
-        launch_mma(kv, q, n_tokens, n_heads, scale, slot, pos, out, workspace, split, stream);
+        launch_mma(kv, q, n_tokens, n_heads, scale, slot, pos, out, workspace, split, kind, stream);
         return;
     }
     switch (kv.head_dim / kWarp) {
-        case 1: launch<1>(kv, q, n_tokens, sh, slot, pos, out, workspace, split, stream); break;
-        case 2: launch<2>(kv, q, n_tokens, sh, slot, pos, out, workspace, split, stream); break;
-        case 3: launch<3>(kv, q, n_tokens, sh, slot, pos, out, workspace, split, stream); break;
-        case 4: launch<4>(kv, q, n_tokens, sh, slot, pos, out, workspace, split, stream); break;
-        case 5: launch<5>(kv, q, n_tokens, sh, slot, pos, out, workspace, split, stream); break;
-        case 6: launch<6>(kv, q, n_tokens, sh, slot, pos, out, workspace, split, stream); break;
-        case 7: launch<7>(kv, q, n_tokens, sh, slot, pos, out, workspace, split, stream); break;
-        case 8: launch<8>(kv, q, n_tokens, sh, slot, pos, out, workspace, split, stream); break;
+        case 1: launch<1>(kv, q, n_tokens, sh, slot, pos, out, workspace, split, kind, stream); break;
+        case 2: launch<2>(kv, q, n_tokens, sh, slot, pos, out, workspace, split, kind, stream); break;
+        case 3: launch<3>(kv, q, n_tokens, sh, slot, pos, out, workspace, split, kind, stream); break;
+        case 4: launch<4>(kv, q, n_tokens, sh, slot, pos, out, workspace, split, kind, stream); break;
+        case 5: launch<5>(kv, q, n_tokens, sh, slot, pos, out, workspace, split, kind, stream); break;
+        case 6: launch<6>(kv, q, n_tokens, sh, slot, pos, out, workspace, split, kind, stream); break;
+        case 7: launch<7>(kv, q, n_tokens, sh, slot, pos, out, workspace, split, kind, stream); break;
+        case 8: launch<8>(kv, q, n_tokens, sh, slot, pos, out, workspace, split, kind, stream); break;
         default: break;  // attention_supported refused it
     }
 }

@@ -22,6 +22,30 @@ struct Partials {
     int n_seg = 0;
 };
 
+// Segments: the one arithmetic every attention kernel runs, whatever the
+// batch. A (token, head)'s positions 0..pos are cut into segments of seg_len
+// positions (a multiple of 32 that depends on the cache's length alone); each
+// segment's online softmax starts afresh, giving (m, l, acc), and segments
+// are merged in order into (M, L, A), starting from (-inf, 0, 0):
+//   M' = max(M, m), a = exp(M - M'), b = exp(m - M'),
+//   L = L a + l b, A = A a + acc b   (each product and sum rounded alone),
+// skipping a segment with no position (m = -inf). One segment merges to
+// itself bit for bit (a = 0, b = 1). Whether the segments of a token run in
+// separate CTAs and a combine kernel (split) or one after another in one CTA
+// (direct) then never changes a bit: the batch only picks the launch.
+struct MergeWeights {
+    float total_w, seg_w, m;
+};
+__device__ __forceinline__ MergeWeights merge_weights(float total_m, float seg_m) {
+    const float m = fmaxf(total_m, seg_m);
+    return {expf(__fsub_rn(total_m, m)), expf(__fsub_rn(seg_m, m)), m};
+}
+// Branch-free: rows of one warp merge side by side (skipping the product by
+// an exact 1 would change no bit, but divergent rows would run both paths).
+__device__ __forceinline__ float merge_value(float total, float seg, const MergeWeights& w) {
+    return __fadd_rn(__fmul_rn(total, w.total_w), __fmul_rn(seg, w.seg_w));
+}
+
 __device__ __forceinline__ bool in_cache(const KvLayer& kv, int32_t slot, int32_t pos) {
     return slot >= 0 && slot < kv.n_slots && pos >= 0 && pos < kv.n_ctx;
 }
@@ -39,8 +63,9 @@ constexpr int kMmaMaxGroup = 128;
 bool mma_takes(int group, int head_dim);
 
 // The tensor-core attention (attention_mma.cu). tile_tokens consecutive tokens
-// per CTA (1 when splitting); seg_len positions per segment (grid y) when
-// part.acc is set, else the whole context.
+// per CTA (1 when splitting); seg_len positions per segment. part.acc set:
+// one segment per CTA (grid y), partials written for the combine; else every
+// segment in turn, merged in the kernel.
 void attention_mma(const KvLayer& kv, const float* q, int64_t n_tokens, int n_heads, float scale,
                    const int32_t* slot, const int32_t* pos, float* out, Partials part, int seg_len,
                    int tile_tokens, cudaStream_t stream);

@@ -17,7 +17,9 @@
 // tensor work (cheap: attention is far from the tensor-core roof).
 //
 // Determinism and batch independence: each row's arithmetic depends only on
-// its own q, its slot's K/V and its position: the chunk grid starts at the
+// its own q, its slot's K/V and its position: positions are taken in the
+// segments of attention_internal.cuh (one per CTA when splitting, else one
+// after another, merged in shared memory), the chunk grid starts at each
 // segment's first position, positions past a row's end are masked to a zero
 // probability (and rows past every row's end are staged as zeros, so stale
 // cache bytes never meet a multiply), and a chunk with no position for a row
@@ -82,7 +84,7 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
-template <int HD>
+template <int HD, bool kSplit>
 __global__ void __launch_bounds__(kMaxWarps * 32)
     attention_mma_kernel(KvLayer kv, const float* __restrict__ q, Shape sh, int64_t n_tokens,
                          const int32_t* slot, const int32_t* pos, float* out, Partials part) {
@@ -94,6 +96,10 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
     __shared__ __align__(16) uint16_t v_tile[2][kChunk * P];
     __shared__ int pass_slot[kMaxTileTokens], pass_end[kMaxTileTokens];
     __shared__ int n_pass;
+    // Direct: the merge of each row's finished segments, kept in shared
+    // memory (registers would spill): this lane's accumulator element (j, c)
+    // at ((warp * NT + j) * 4 + c) * 32 + lane, conflict-free.
+    extern __shared__ float tot_smem[];
 
     const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
     const int g = lane >> 2, tig = lane & 3;
@@ -102,7 +108,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
     const int64_t n_tiles = (n_tokens + sh.tile_tokens - 1) / sh.tile_tokens;
     const int64_t t0 = (n_tiles - 1 - int64_t(blockIdx.x / unsigned(sh.n_kv_heads))) * sh.tile_tokens;
     const int n_rows = sh.tile_tokens * sh.group;
-    const bool split = part.acc != nullptr;
+    constexpr bool split = kSplit;  // part.acc is set
     const int begin = split ? int(blockIdx.y) * sh.seg_len : 0;
     const int seg_end = split ? begin + sh.seg_len : kv.n_ctx;
 
@@ -182,6 +188,36 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     const int64_t stride = int64_t(kv.n_kv_heads) * HD;
 
+    // Direct: the merge of each row's finished segments (m and l here, acc in
+    // tot_smem); the running state above starts afresh at every segment boundary.
+    auto tot_acc = [&](int j, int c) -> float& { return tot_smem[((warp * NT + j) * 4 + c) * 32 + lane]; };
+    float tot_m[2] = {-INFINITY, -INFINITY}, tot_l[2] = {0.0f, 0.0f};
+    if constexpr (!split) {
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) tot_acc(j, c) = 0.0f;
+    }
+    auto merge_segment = [&]() {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            if (m[h] != -INFINITY) {
+                const MergeWeights w = merge_weights(tot_m[h], m[h]);
+                tot_l[h] = merge_value(tot_l[h], l[h], w);
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+                    tot_acc(j, 2 * h) = merge_value(tot_acc(j, 2 * h), acc[j][2 * h], w);
+                    tot_acc(j, 2 * h + 1) = merge_value(tot_acc(j, 2 * h + 1), acc[j][2 * h + 1], w);
+                }
+                tot_m[h] = w.m;
+            }
+            m[h] = -INFINITY;
+            l[h] = 0.0f;
+#pragma unroll
+            for (int j = 0; j < NT; ++j) acc[j][2 * h] = acc[j][2 * h + 1] = 0.0f;
+        }
+    };
+
     for (int ps = 0; ps < n_pass; ++ps) {
         const int s = pass_slot[ps];
         const int stage_end = min(pass_end[ps], seg_end);
@@ -203,6 +239,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
         if (begin < stage_end) issue(begin);
         for (int c0 = begin; c0 < stage_end; c0 += kChunk) {
             const int buf = ((c0 - begin) / kChunk) & 1;
+            if constexpr (!split) {
+                if (c0 != begin && c0 % sh.seg_len == 0) merge_segment();
+            }
             __syncthreads();  // every warp is done with the buffer the next issue overwrites
             if (c0 + kChunk < stage_end) {
                 issue(c0 + kChunk);
@@ -288,6 +327,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
                 }
             }
         }
+        if constexpr (!split) merge_segment();  // the pass's rows end here
     }
 
 #pragma unroll
@@ -304,13 +344,22 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
                 part.l[r] = l[h];
             }
         } else {
-            const float inv = l[h] > 0.0f ? __fdiv_rn(1.0f, l[h]) : 0.0f;
+            const float inv = tot_l[h] > 0.0f ? __fdiv_rn(1.0f, tot_l[h]) : 0.0f;
 #pragma unroll
             for (int j = 0; j < NT; ++j)
                 *reinterpret_cast<float2*>(out + out_row[h] * HD + 8 * j + 2 * tig) =
-                    make_float2(__fmul_rn(acc[j][2 * h], inv), __fmul_rn(acc[j][2 * h + 1], inv));
+                    make_float2(__fmul_rn(tot_acc(j, 2 * h), inv), __fmul_rn(tot_acc(j, 2 * h + 1), inv));
         }
     }
+}
+
+// The direct kernels' merged accumulators take up to kMaxWarps warps x 16
+// rows x HD floats of dynamic shared memory, past the default 48 KiB.
+template <int HD>
+bool allow_direct_smem() {
+    const int bytes = kMaxWarps * kRowsPerWarp * HD * int(sizeof(float));
+    return cudaFuncSetAttribute(attention_mma_kernel<HD, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                bytes) == cudaSuccess;
 }
 
 }  // namespace
@@ -332,12 +381,22 @@ void attention_mma(const KvLayer& kv, const float* q, int64_t n_tokens, int n_he
     const int rows = tile_tokens * sh.group;  // the caller keeps this <= kMmaMaxGroup
     const unsigned threads = unsigned((rows + kRowsPerWarp - 1) / kRowsPerWarp * 32);
     const int64_t tiles = (n_tokens + tile_tokens - 1) / tile_tokens;
-    const dim3 grid(unsigned(tiles * kv.n_kv_heads), part.acc ? unsigned(part.n_seg) : 1u);
+    const bool split = part.acc != nullptr;
+    const dim3 grid(unsigned(tiles * kv.n_kv_heads), split ? unsigned(part.n_seg) : 1u);
+    // Set once per process, before any launch (and so before any graph capture).
+    static const bool smem_ok = allow_direct_smem<32>() && allow_direct_smem<64>() && allow_direct_smem<96>() &&
+                                allow_direct_smem<128>();
+    (void)smem_ok;  // a failure shows as the launch's error
+    auto run = [&](auto kernel, int hd) {
+        // Direct: the merged accumulators, a warp's 16 rows x hd floats.
+        const size_t smem = split ? 0 : size_t(threads / 32) * size_t(kRowsPerWarp) * size_t(hd) * sizeof(float);
+        kernel<<<grid, threads, smem, stream>>>(kv, q, sh, n_tokens, slot, pos, out, part);
+    };
     switch (kv.head_dim) {
-        case 32: attention_mma_kernel<32><<<grid, threads, 0, stream>>>(kv, q, sh, n_tokens, slot, pos, out, part); break;
-        case 64: attention_mma_kernel<64><<<grid, threads, 0, stream>>>(kv, q, sh, n_tokens, slot, pos, out, part); break;
-        case 96: attention_mma_kernel<96><<<grid, threads, 0, stream>>>(kv, q, sh, n_tokens, slot, pos, out, part); break;
-        case 128: attention_mma_kernel<128><<<grid, threads, 0, stream>>>(kv, q, sh, n_tokens, slot, pos, out, part); break;
+        case 32: split ? run(attention_mma_kernel<32, true>, 32) : run(attention_mma_kernel<32, false>, 32); break;
+        case 64: split ? run(attention_mma_kernel<64, true>, 64) : run(attention_mma_kernel<64, false>, 64); break;
+        case 96: split ? run(attention_mma_kernel<96, true>, 96) : run(attention_mma_kernel<96, false>, 96); break;
+        case 128: split ? run(attention_mma_kernel<128, true>, 128) : run(attention_mma_kernel<128, false>, 128); break;
         default: break;  // mma_takes refused it
     }
 }

@@ -214,6 +214,9 @@ public:
         }
         std::memcpy(pos_host_, layout.pos.data(), size_t(n) * sizeof(int32_t));
         std::memcpy(slot_host_, layout.slot.data(), size_t(n) * sizeof(int32_t));
+        attn_kind_ = cuda::AttnBatch::Decode;
+        for (int64_t t = 1; t < n; ++t)
+            if (layout.slot[size_t(t)] == layout.slot[size_t(t - 1)]) attn_kind_ = cuda::AttnBatch::Prefill;
         begin_step(n, layout.n_logits);
         if (replaying_) return;  // the graph copies the arrays
         check(cudaMemcpyAsync(pos_dev_, pos_host_, size_t(n) * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
@@ -311,7 +314,7 @@ public:
     void attention(int layer, Tensor q, int n_heads, float scale, Tensor out) override {
         if (replaying_) return;
         cuda::attention(kv_layer(layer), q.data, q.rows, n_heads, scale, slot_dev_, pos_dev_, out.data, attn_ws_,
-                        stream_);
+                        attn_kind_, stream_);
         launched("attention");
     }
 
@@ -545,11 +548,14 @@ private:
         cudaGraphExec_t exec = nullptr;
     };
 
-    // A step's graph is keyed by its token count and logits rows; only decode
-    // steps (small batches, where launch overhead dominates) are captured.
+    // A step's graph is keyed by its token count, logits rows and attention
+    // launch; only decode steps (a token per sequence, up to kGraphMaxTokens,
+    // and other small batches), where launch overhead dominates, are captured.
+    static constexpr int64_t kGraphMaxTokens = 64;
     void begin_step(int64_t n, int n_logits) {
-        if (!graphs_enabled_ || n > cuda::kMmvqMaxTokens || n_logits < 0) return;
-        const GraphKey key{n, n_logits};
+        const bool decode = attn_kind_ == cuda::AttnBatch::Decode && n <= kGraphMaxTokens;
+        if (!graphs_enabled_ || (n > cuda::kMmvqMaxTokens && !decode) || n_logits < 0) return;
+        const GraphKey key{n, n_logits, attn_kind_};
         Graph& g = graphs_[key];
         if (g.exec) {
             replaying_ = true;
@@ -619,10 +625,12 @@ private:
     uint16_t *k_ = nullptr, *v_ = nullptr;
     float* attn_ws_ = nullptr;
 
-    using GraphKey = std::pair<int64_t, int>;
+    cuda::AttnBatch attn_kind_ = cuda::AttnBatch::Prefill;  // of the current step
+
+    using GraphKey = std::tuple<int64_t, int, cuda::AttnBatch>;
     std::map<GraphKey, Graph> graphs_;
     bool capturing_ = false, replaying_ = false;
-    GraphKey replay_key_{0, 0};
+    GraphKey replay_key_{0, 0, cuda::AttnBatch::Prefill};
     Status error_;
 };
 

@@ -58,11 +58,21 @@ void kv_store(const KvLayer& kv, const float* k, const float* v, int64_t n_token
 // other models; attention() launches nothing for them.
 bool attention_supported(int n_heads, int n_kv_heads, int head_dim);
 
-// Whether attention() splits each token's context into fixed segments of
-// positions, computed by separate CTAs and combined in segment order (few
-// tokens, long context: decode). Decided on the host from the shapes and the
-// current device's SM count, so it holds across a captured CUDA graph.
-bool attention_splits(int64_t n_tokens, int n_heads, int n_ctx);
+// How a batch's tokens lie in the cache; it picks attention()'s launch,
+// never its bits. Decode: no two consecutive tokens share a slot (a token per
+// sequence), so each token gets its own CTAs; Prefill: runs of consecutive
+// tokens of one sequence share staged K/V.
+enum class AttnBatch { Prefill, Decode };
+
+// Positions per segment of a token's context at this cache length: every
+// token's arithmetic (attention_internal.cuh), whatever its batch.
+int attention_segment_length(int n_ctx);
+
+// Whether attention() computes a batch's segments in separate CTAs and
+// combines them (decode batches and small ones, long contexts): a launch
+// choice only. Decided on the host from the shapes and the current device's
+// SM count, so it holds across a captured CUDA graph.
+bool attention_splits(int64_t n_tokens, int n_heads, int head_dim, int n_ctx, AttnBatch kind);
 
 // Bytes of scratch attention() needs for any batch of at most n_tokens tokens
 // (the split partials); 0 when no such batch splits. Allocate once, outside
@@ -73,10 +83,12 @@ size_t attention_workspace_bytes(int64_t n_tokens, int n_heads, int head_dim, in
 // query head; query head h reads KV head h / (n_heads / n_kv_heads).
 // q, out: n_tokens x n_heads*head_dim. workspace: attention_workspace_bytes()
 // bytes for a batch at least this large, or null (then it never splits).
-// Deterministic: the result depends only on the inputs, n_tokens and the split
-// decision, never on timing. A token whose slot or pos lies outside the cache
-// gets a NaN row. kv.k and kv.v must be 16-byte aligned.
+// Deterministic and batch-invariant: a token's row depends only on its q, its
+// slot's cache and its position, never on the other tokens, the kind, the
+// split or timing. A token whose slot or pos lies outside the cache gets a
+// NaN row. kv.k and kv.v must be 16-byte aligned.
 void attention(const KvLayer& kv, const float* q, int64_t n_tokens, int n_heads, float scale,
-               const int32_t* slot, const int32_t* pos, float* out, float* workspace, cudaStream_t stream);
+               const int32_t* slot, const int32_t* pos, float* out, float* workspace, AttnBatch kind,
+               cudaStream_t stream);
 
 }  // namespace tern::cuda
