@@ -378,7 +378,7 @@ const Shape kShapes[] = {
     {37, 11008, {2048}}, {1, 4096, {}},          {4096, 11008, {}},
 };
 constexpr int64_t kMmvqTokens[] = {1, 3, 8};
-constexpr int64_t kMmqTokens[] = {1, 3, 8, 17};
+constexpr int64_t kMmqTokens[] = {1, 3, 8, 17, 64, 65};  // one token tile (32-row tiles), then two
 
 // One launch on a poisoned output with a gap after every token's row
 // (y_stride = rows + 3) and two rows past n_tokens; checked against ref.

@@ -18,8 +18,11 @@
 namespace tern::cuda {
 namespace {
 
-// Rows per tile: 128 (eight warps) by default; TERN_MMQ_ROWS=64 selects the
-// four-warp tile for A/B measurements (docs/perf/LOG.md).
+// Rows per tile: 128 (eight warps) for prefill; 32 (two warps) when all the
+// tokens fit one token tile (decode steps of many sequences), where a
+// 128-row tile would leave most SMs idle (4096 rows: 32 CTAs). The tile never
+// changes an output's arithmetic. TERN_MMQ_ROWS=64 selects the four-warp
+// tile for every call, for A/B measurements (docs/perf/LOG.md).
 constexpr int kTileTokens = 64;
 constexpr int kPitch = 256 + 16;       // bytes per staged row: a chunk plus padding against bank conflicts
 
@@ -382,6 +385,8 @@ template <WType T, bool WIDE>
 void launch(const DevWeight& w, const DevAct& a, int64_t n, float* y, int64_t ys, cudaStream_t s) {
     if (tile_rows() == 64)
         launch_tile<T, WIDE, 64>(w, a, n, y, ys, s);
+    else if (n <= kTileTokens)
+        launch_tile<T, WIDE, 32>(w, a, n, y, ys, s);
     else
         launch_tile<T, WIDE, 128>(w, a, n, y, ys, s);
 }
