@@ -8,6 +8,8 @@
 // Besides llama-bench's columns, "gpu mem" is the device memory the backend
 // holds once the weights and KV cache are in place (empty on the CPU), over
 // every GPU of a tensor-parallel run (--tp N, shown in the backend column).
+// `--batched` runs llama-batched-bench's many-sequence test instead
+// (bench_batched.cpp).
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -22,45 +24,16 @@
 #include <vector>
 
 #include "quant/mix.h"
+#include "tools/bench_util.h"
 #include "tools/commands.h"
 #include "tools/common_options.h"
 #include "tools/fail.h"
 
 namespace tern::tools {
-namespace {
 
-constexpr const char* kCmd = "bench";
+// ---- shared with `bench --batched` (bench_util.h) ----------------------------
 
-struct BenchCliOptions {
-    ModelFlags model;  // threads/ctx/batch there are unused: bench takes lists
-    std::string pp = "512";
-    std::string tg = "128";
-    std::string threads;  // empty: all cores
-    std::string batch = "512";
-    int reps = 5;
-    std::string output = "md";
-};
-
-struct ModelInfo {
-    std::string filename;
-    std::string type;      // "llama 135M Q4_1"
-    uint64_t size = 0;     // bytes of tensor data
-    uint64_t n_params = 0;
-    std::string backend;   // "CPU", "CUDA"; "CUDA tp=2" for a tensor-parallel run
-    bool on_device = false;
-    int tp = 1;
-};
-
-struct TestRun {
-    std::string name;  // "pp512", "tg128"
-    int n_prompt = 0, n_gen = 0, threads = 0, batch = 0;
-    std::vector<double> ns;  // per repetition
-    std::vector<double> ts;  // tokens per second per repetition
-    uint64_t peak_rss = 0;   // bytes, after the test
-    uint64_t device_bytes = 0;  // held by the backend with weights and KV cache in place
-};
-
-std::vector<int> parse_list(const std::string& flag, const std::string& text, int min_value) {
+std::vector<int> parse_list(const char* cmd, const std::string& flag, const std::string& text, int min_value) {
     std::vector<int> out;
     size_t pos = 0;
     while (pos <= text.size()) {
@@ -74,8 +47,8 @@ std::vector<int> parse_list(const std::string& flag, const std::string& text, in
             used = 0;
         }
         if (item.empty() || used != item.size())
-            fail(kCmd, flag + ": '" + item + "' is not an integer (expected a comma-separated list like 512,2048)");
-        if (v < min_value) fail(kCmd, flag + ": " + item + " is below " + std::to_string(min_value));
+            fail(cmd, flag + ": '" + item + "' is not an integer (expected a comma-separated list like 512,2048)");
+        if (v < min_value) fail(cmd, flag + ": " + item + " is below " + std::to_string(min_value));
         out.push_back(v);
         pos = comma + 1;
     }
@@ -88,7 +61,7 @@ uint64_t peak_rss_bytes() {
     return uint64_t(ru.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
-std::string size_label_of(const gguf::File& f, uint64_t n_params) {
+static std::string size_label_of(const gguf::File& f, uint64_t n_params) {
     if (auto label = f.get_string("general.size_label"); label && !label->empty()) return *label;
     char buf[32];
     const double p = double(n_params);
@@ -162,6 +135,54 @@ std::vector<int32_t> random_tokens(std::mt19937_64& rng, int n, int n_vocab) {
     for (int32_t& x : t) x = pick(rng);
     return t;
 }
+
+static std::string csv_field(const std::string& s) {
+    if (s.find_first_of(",\"\n ") == std::string::npos) return s;
+    std::string q = "\"";
+    for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+    return q + "\"";
+}
+
+std::string csv_row(const nlohmann::ordered_json& j) {
+    std::string line;
+    for (const auto& [key, v] : j.items()) {
+        std::string cell;
+        if (v.is_string()) {
+            cell = v.get<std::string>();
+        } else if (v.is_array()) {
+            for (const auto& x : v) cell += (cell.empty() ? "" : " ") + x.dump();
+        } else {
+            cell = v.dump();
+        }
+        line += (line.empty() ? "" : ",") + csv_field(cell);
+    }
+    return line;
+}
+
+namespace {
+
+constexpr const char* kCmd = "bench";
+
+struct BenchCliOptions {
+    ModelFlags model;  // threads/ctx/batch there are unused: bench takes lists
+    std::string pp = "512";
+    std::string tg = "128";
+    std::string threads;  // empty: all cores
+    std::string batch = "512";
+    int reps = 5;
+    std::string output = "md";
+    bool batched = false;       // --batched: llama-batched-bench's test instead (bench_batched.cpp)
+    BatchedBenchOptions many;   // its lists
+};
+
+struct TestRun {
+    std::string name;  // "pp512", "tg128"
+    int n_prompt = 0, n_gen = 0, threads = 0, batch = 0;
+    std::vector<double> ns;  // per repetition
+    std::vector<double> ts;  // tokens per second per repetition
+    uint64_t peak_rss = 0;   // bytes, after the test
+    uint64_t device_bytes = 0;  // held by the backend with weights and KV cache in place
+};
 
 // Nanoseconds to evaluate `tokens` from an empty cache in batches of `batch`,
 // with logits for the last token only (as a prompt is evaluated).
@@ -261,41 +282,40 @@ nlohmann::ordered_json to_json(const ModelInfo& m, const TestRun& t) {
     return j;
 }
 
-std::string csv_field(const std::string& s) {
-    if (s.find_first_of(",\"\n ") == std::string::npos) return s;
-    std::string q = "\"";
-    for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
-    return q + "\"";
-}
-
-std::string csv_row(const nlohmann::ordered_json& j) {
-    std::string line;
-    for (const auto& [key, v] : j.items()) {
-        std::string cell;
-        if (v.is_string()) {
-            cell = v.get<std::string>();
-        } else if (v.is_array()) {
-            for (const auto& x : v) cell += (cell.empty() ? "" : " ") + x.dump();
-        } else {
-            cell = v.dump();
-        }
-        line += (line.empty() ? "" : ",") + csv_field(cell);
-    }
-    return line;
+// --batched takes one thread count and one batch size, and its own lists
+// instead of -p/-n; a flag of the other mode is an error, never ignored.
+void run_batched(const BenchCliOptions& o, const CLI::App& cmd) {
+    for (const char* flag : {"-p", "-n"})
+        if (cmd.count(flag) > 0)
+            fail(kCmd, std::string(flag) + " is not a --batched option (use --npp, --ntg and --npl)");
+    const std::vector<int> threads = o.threads.empty() ? std::vector<int>{0} : parse_list(kCmd, "-t", o.threads, 0);
+    const std::vector<int> batches = parse_list(kCmd, "-b", o.batch, 1);
+    if (threads.size() != 1) fail(kCmd, "-t: --batched takes one thread count");
+    if (batches.size() != 1) fail(kCmd, "-b: --batched takes one batch size");
+    ModelFlags mf = o.model;
+    mf.threads = threads.front() > 0 ? threads.front() : std::max(1, int(std::thread::hardware_concurrency()));
+    mf.batch = batches.front();
+    BatchedBenchOptions many = o.many;
+    many.reps = cmd.count("-r") > 0 ? o.reps : 1;
+    many.output = o.output;
+    run_batched_bench(kCmd, resolve_model_path(kCmd, o.model.model), mf, many);
 }
 
 void run_bench(const BenchCliOptions& o, const CLI::App& cmd) {
     reject_extras(kCmd, cmd);
+    if (o.batched) return run_batched(o, cmd);
+    for (const char* flag : {"--npp", "--ntg", "--npl"})
+        if (cmd.count(flag) > 0) fail(kCmd, std::string(flag) + " needs --batched");
     if (o.output != "md" && o.output != "json" && o.output != "csv")
         fail(kCmd, "-o: unknown format '" + o.output + "' (choose md, json or csv)");
     if (o.reps < 1) fail(kCmd, "-r must be at least 1 (got " + std::to_string(o.reps) + ")");
-    const std::vector<int> pps = parse_list("-p", o.pp, 0);
-    const std::vector<int> tgs = parse_list("-n", o.tg, 0);
+    const std::vector<int> pps = parse_list(kCmd, "-p", o.pp, 0);
+    const std::vector<int> tgs = parse_list(kCmd, "-n", o.tg, 0);
     const int all_cores = std::max(1, int(std::thread::hardware_concurrency()));
-    std::vector<int> threads = o.threads.empty() ? std::vector<int>{all_cores} : parse_list("-t", o.threads, 0);
+    std::vector<int> threads = o.threads.empty() ? std::vector<int>{all_cores} : parse_list(kCmd, "-t", o.threads, 0);
     for (int& t : threads)
         if (t == 0) t = all_cores;
-    const std::vector<int> batches = parse_list("-b", o.batch, 1);
+    const std::vector<int> batches = parse_list(kCmd, "-b", o.batch, 1);
     int n_ctx = 1;
     bool any = false;
     for (int n : pps) n_ctx = std::max(n_ctx, n), any = any || n > 0;
@@ -376,8 +396,19 @@ void add_bench_command(CLI::App& app) {
         ->type_name("N,...");
     cmd->add_option("-b,--batch", o->batch, "Prompt batch sizes to test, comma-separated (default 512)")
         ->type_name("N,...");
-    add_int_option(cmd, kCmd, "-r,--repetitions", o->reps, "Timed runs per test, after one warm-up (default 5)");
+    add_int_option(cmd, kCmd, "-r,--repetitions", o->reps,
+                   "Timed runs per test, after one warm-up (default 5; --batched: 1, medians reported)");
     cmd->add_option("-o,--output", o->output, "Output format: md, json or csv (default md)")->type_name("FORMAT");
+    cmd->add_flag("--batched", o->batched,
+                  "Many sequences at once, llama-batched-bench style: PP prompt tokens then TG generated tokens for "
+                  "each of B sequences, every combination of --npp, --ntg, --npl");
+    cmd->add_option("--npp", o->many.npp, "--batched: prompt tokens per sequence, comma-separated (default 128)")
+        ->type_name("N,...");
+    cmd->add_option("--ntg", o->many.ntg, "--batched: generated tokens per sequence, comma-separated (default 128)")
+        ->type_name("N,...");
+    cmd->add_option("--npl", o->many.npl,
+                    "--batched: parallel sequence counts, comma-separated (default 1,2,4,8,16,32)")
+        ->type_name("N,...");
     add_backend_flags(cmd, kCmd, o->model);
     cmd->add_flag("-v,--verbose", o->model.verbose, "Print progress on stderr");
     cmd->allow_extras();

@@ -213,7 +213,7 @@ runtime::SamplerParams finish_sampling(const char* command, const SamplingFlags&
 }
 
 std::unique_ptr<runtime::Engine> open_engine(const char* command, const std::string& path, const ModelFlags& f,
-                                             int n_ctx) {
+                                             int n_ctx, int n_slots) {
     if (f.threads < 0) fail(command, "--threads must be 0 (all cores) or more (got " + std::to_string(f.threads) + ")");
     if (f.batch < 1) fail(command, "--batch must be at least 1 (got " + std::to_string(f.batch) + ")");
     if (n_ctx < 0) fail(command, "--ctx must be 0 (the model's default) or more (got " + std::to_string(n_ctx) + ")");
@@ -226,7 +226,7 @@ std::unique_ptr<runtime::Engine> open_engine(const char* command, const std::str
     o.load_progress = load_progress_bar();
     o.threads = f.threads;
     o.n_ctx = n_ctx;
-    o.n_slots = 1;
+    o.n_slots = n_slots;
     o.max_batch = f.batch;
     auto engine = runtime::Engine::open(path, o);
     if (!engine.ok()) fail(command, "cannot load " + path + ": " + engine.error().message);

@@ -73,7 +73,7 @@ runtime::SamplerParams finish_sampling(const char* command, const SamplingFlags&
 // Opens the model (path already resolved) or fails with the loader's message.
 // Weights copied onto a GPU show a progress bar on stderr (see load_progress_bar).
 std::unique_ptr<runtime::Engine> open_engine(const char* command, const std::string& path,
-                                             const ModelFlags& flags, int n_ctx);
+                                             const ModelFlags& flags, int n_ctx, int n_slots = 1);
 
 // A load-progress callback drawing a ProgressBar on stderr: a bar on a
 // terminal, otherwise a line now and then for a long load. The Engine calls

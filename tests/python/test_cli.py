@@ -316,6 +316,40 @@ def test_bench_markdown_and_csv():
         assert len(row["samples_ts"].split()) == 1 and float(row["avg_ts"]) > 0
 
 
+def test_bench_batched_rows():
+    r = tern_model("bench", "--backend", "cpu", "--batched", "--npp", "8,12", "--ntg", 3, "--npl", "1,3",
+                   "-o", "json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert [(row["pp"], row["tg"], row["pl"]) for row in rows] == [(8, 3, 1), (8, 3, 3), (12, 3, 1), (12, 3, 3)]
+    for row in rows:
+        assert row["backend"] == "CPU" and row["gpu_mem_mib"] == 0 and row["n_threads"] == 1
+        assert row["n_kv"] == row["pl"] * (row["pp"] + row["tg"])
+        assert row["t_pp"] > 0 and row["t_tg"] > 0
+        assert row["speed_pp"] == pytest.approx(row["pl"] * row["pp"] / row["t_pp"], rel=1e-6)
+        assert row["speed_tg"] == pytest.approx(row["pl"] * row["tg"] / row["t_tg"], rel=1e-6)
+        assert row["t"] == pytest.approx(row["t_pp"] + row["t_tg"], rel=1e-9)
+        assert row["speed"] == pytest.approx(row["n_kv"] / row["t"], rel=1e-6)
+    md = tern_model("bench", "--backend", "cpu", "--batched", "--npp", 8, "--ntg", 2, "--npl", 2)
+    assert md.returncode == 0, md.stderr
+    lines = [line for line in md.stdout.splitlines() if line.startswith("|")]
+    assert re.match(r"\| +PP \| +TG \| +B \| +N_KV \| +T_PP s \| +S_PP t/s \| +T_TG s \| +S_TG t/s \| +T s \| "
+                    r"+S t/s \| +gpu mem \|", lines[0]), lines[0]
+    assert re.match(r"\| +8 \| +2 \| +2 \| +20 \| +[\d.]+ \| +[\d.]+ \|", lines[2]), lines[2]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--batched", "-p", 8], "-p is not a --batched option"),
+    (["--npl", 4], "--npl needs --batched"),
+    (["--batched", "--npl", "0"], "--npl: 0 is below 1"),
+    (["--batched", "-t", "1,2"], "--batched takes one thread count"),
+])
+def test_bench_batched_mistakes(args, needle):
+    r = tern("bench", "-m", MODEL, "--backend", "cpu", *args)
+    assert r.returncode == 1, (args, r.stdout)
+    assert "tern bench: error:" in r.stderr and needle in r.stderr, r.stderr
+
+
 @pytest.mark.parametrize("args, needle", [
     (["run", "-m", "/nonexistent/model.gguf", "-p", "hi"], "model file not found: /nonexistent/model.gguf"),
     (["run", "-p", "hi", "--temp", "-1"], "--temp"),
