@@ -136,6 +136,17 @@ std::vector<int32_t> random_tokens(std::mt19937_64& rng, int n, int n_vocab) {
     return t;
 }
 
+nlohmann::ordered_json model_json(const ModelInfo& m) {
+    nlohmann::ordered_json j;
+    j["build"] = std::string("tern ") + TERN_VERSION;
+    j["model_filename"] = m.filename;
+    j["model_type"] = m.type;
+    j["model_size"] = m.size;
+    j["model_n_params"] = m.n_params;
+    j["backend"] = m.backend;
+    return j;
+}
+
 static std::string csv_field(const std::string& s) {
     if (s.find_first_of(",\"\n ") == std::string::npos) return s;
     std::string q = "\"";
@@ -258,13 +269,7 @@ struct MarkdownTable {
 };
 
 nlohmann::ordered_json to_json(const ModelInfo& m, const TestRun& t) {
-    nlohmann::ordered_json j;
-    j["build"] = std::string("tern ") + TERN_VERSION;
-    j["model_filename"] = m.filename;
-    j["model_type"] = m.type;
-    j["model_size"] = m.size;
-    j["model_n_params"] = m.n_params;
-    j["backend"] = m.backend;
+    nlohmann::ordered_json j = model_json(m);
     j["gpu_mem_mib"] = mib_of(t.device_bytes);  // 0 on the CPU
     j["tp"] = m.tp;
     j["n_threads"] = t.threads;

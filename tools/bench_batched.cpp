@@ -81,11 +81,7 @@ std::pair<double, double> run_once(const char* cmd, runtime::Engine& e, int pp, 
 }
 
 nlohmann::ordered_json to_json(const ModelInfo& m, const BatchedRun& r, int batch, int threads, uint64_t device_bytes) {
-    nlohmann::ordered_json j;
-    j["build"] = std::string("tern ") + TERN_VERSION;
-    j["model_filename"] = m.filename;
-    j["model_type"] = m.type;
-    j["backend"] = m.backend;
+    nlohmann::ordered_json j = model_json(m);
     j["tp"] = m.tp;
     j["n_batch"] = batch;
     j["n_threads"] = threads;

@@ -24,6 +24,9 @@ struct ModelInfo {
     int tp = 1;
 };
 ModelInfo describe_model(runtime::Engine& e, const std::string& path);
+// The fields every JSON/CSV row starts with: build, model_filename,
+// model_type, model_size, model_n_params, backend.
+nlohmann::ordered_json model_json(const ModelInfo& m);
 
 // A comma-separated list of integers of at least min_value; a bad item fails
 // command `cmd` with a message naming the flag.
