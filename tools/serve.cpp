@@ -40,7 +40,12 @@ void run_serve(const ServeOptions& o, const CLI::App& cmd) {
     if (o.max_body < 1) fail(kCmd, "--max-body must be at least 1 byte (got " + std::to_string(o.max_body) + ")");
     if (o.http.port < 0 || o.http.port > 65535) fail(kCmd, "--port must be between 0 and 65535 (got " + std::to_string(o.http.port) + ")");
     if (o.http.timeout_s < 1) fail(kCmd, "--timeout must be at least 1 second (got " + std::to_string(o.http.timeout_s) + ")");
-    if (o.http.http_threads < 2) fail(kCmd, "--http-threads must be at least 2 (got " + std::to_string(o.http.http_threads) + ")");
+    if (o.http.http_threads < 1 || o.http.http_threads > 64)
+        fail(kCmd, "--http-threads must be between 1 and 64 (got " + std::to_string(o.http.http_threads) + ")");
+    if (o.http.max_connections < 1)
+        fail(kCmd, "--max-connections must be at least 1 (got " + std::to_string(o.http.max_connections) + ")");
+    if (o.http.header_timeout_s < 1)
+        fail(kCmd, "--header-timeout must be at least 1 second (got " + std::to_string(o.http.header_timeout_s) + ")");
     if (o.model.threads < 0) fail(kCmd, "--threads must be 0 (all cores) or more");
     if (o.model.ctx < 0) fail(kCmd, "--ctx must be 0 (the model's default) or more");
     if (o.model.gpu < 0) fail(kCmd, "--gpu must be 0 or more (got " + std::to_string(o.model.gpu) + ")");
@@ -145,8 +150,14 @@ void add_serve_command(CLI::App& app) {
         ->type_name("KEY");
     add_int_option(cmd, kCmd, "--max-queue", o->max_queue, "Requests waiting for a slot before 503 (default 64)");
     add_int_option(cmd, kCmd, "--max-body", o->max_body, "Largest request body in bytes (default 1048576)");
-    add_int_option(cmd, kCmd, "--timeout", o->http.timeout_s, "Socket read/write timeout in seconds (default 600)");
-    add_int_option(cmd, kCmd, "--http-threads", o->http.http_threads, "Connections served at once (default 32)");
+    add_int_option(cmd, kCmd, "--timeout", o->http.timeout_s,
+                   "Seconds to receive a request body, and for each write to a client (default 600)");
+    add_int_option(cmd, kCmd, "--header-timeout", o->http.header_timeout_s,
+                   "Seconds for a new connection to send its request headers (default 10)");
+    add_int_option(cmd, kCmd, "--max-connections", o->http.max_connections,
+                   "Connections open at once; more are answered 503 (default 1000)");
+    add_int_option(cmd, kCmd, "--http-threads", o->http.http_threads,
+                   "Threads serving HTTP I/O for every connection (default 2)");
     add_int_option(cmd, kCmd, "--max-tokens", o->http.default_max_tokens, "Default max_tokens of a request (default 256)");
     cmd->callback([o, cmd] { run_serve(*o, *cmd); });
 }

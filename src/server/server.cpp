@@ -1,9 +1,6 @@
 #include "server/server.h"
 
-#include <httplib.h>
-
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <deque>
 #include <random>
@@ -20,42 +17,14 @@ using nlohmann::json;
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
-void send_error(httplib::Response& res, const ApiError& e) {
-    res.status = e.status;
-    res.set_content(error_body(e), "application/json");
+http::Response json_response(int status, std::string body) {
+    http::Response r;
+    r.status = status;
+    r.body = std::move(body);
+    return r;
 }
 
-// What the scheduler thread hands to the HTTP thread of one request.
-struct Channel {
-    std::mutex mu;
-    std::condition_variable cv;
-    std::deque<std::string> pieces;
-    bool done = false;
-    std::string error;  // set with done when the request failed
-    runtime::GenerateResult result;
-};
-
-runtime::RequestCallbacks callbacks_for(const std::shared_ptr<Channel>& ch) {
-    runtime::RequestCallbacks cb;
-    cb.on_text = [ch](std::string_view piece) {
-        std::lock_guard<std::mutex> lock(ch->mu);
-        ch->pieces.emplace_back(piece);
-        ch->cv.notify_one();
-    };
-    cb.on_done = [ch](const runtime::GenerateResult& r) {
-        std::lock_guard<std::mutex> lock(ch->mu);
-        ch->result = r;
-        ch->done = true;
-        ch->cv.notify_one();
-    };
-    cb.on_error = [ch](const std::string& message) {
-        std::lock_guard<std::mutex> lock(ch->mu);
-        ch->error = message.empty() ? "generation failed" : message;
-        ch->done = true;
-        ch->cv.notify_one();
-    };
-    return cb;
-}
+http::Response error_response(const ApiError& e) { return json_response(e.status, error_body(e)); }
 
 const char* finish_name(runtime::FinishReason f) {
     return f == runtime::FinishReason::Length ? "length" : "stop";
@@ -87,34 +56,36 @@ std::string metric_endpoint(const std::string& path) {
 
 }  // namespace
 
-Server::Server(ServerOptions options) : options_(std::move(options)), http_(std::make_unique<httplib::Server>()) {
-    const size_t n_threads = size_t(std::max(2, options_.http_threads));
-    http_->new_task_queue = [n_threads] { return new httplib::ThreadPool(n_threads); };
-    http_->set_read_timeout(options_.timeout_s, 0);
-    http_->set_write_timeout(options_.timeout_s, 0);
-    http_->set_keep_alive_timeout(2);
-    http_->set_payload_max_length(options_.max_body);
-    install_routes();
+Server::Server(ServerOptions options) : options_(std::move(options)) {
+    http::Limits limits;
+    limits.max_body = options_.max_body;
+    limits.header_timeout_s = options_.header_timeout_s;
+    limits.body_timeout_s = options_.timeout_s;
+    limits.write_timeout_s = options_.timeout_s;
+    limits.max_connections = options_.max_connections;
+    limits.io_threads = std::max(1, options_.http_threads);
+    // Statuses the HTTP layer answers itself get an OpenAI error body, and are counted.
+    auto errors = [this](int status, const std::string& message) {
+        ApiError e{status, message, status >= 500 ? "server_error" : "invalid_request_error", "", ""};
+        if (status == 413) e.code = "payload_too_large";
+        if (status == 503) e.code = "too_many_connections";
+        count("other", status);
+        return error_response(e);
+    };
+    http_ = std::make_unique<http::HttpServer>(
+        limits, [this](const http::Request& req, std::shared_ptr<http::Reply> reply) { route(req, std::move(reply)); },
+        errors);
 }
 
-Server::~Server() = default;
+Server::~Server() { stop(); }
 
-Status Server::bind() {
-    if (options_.port == 0) {
-        port_ = http_->bind_to_any_port(options_.host);
-        if (port_ <= 0) return Error{"cannot bind to " + options_.host + " (any port)"};
-    } else {
-        if (!http_->bind_to_port(options_.host, options_.port))
-            return Error{"cannot bind to " + options_.host + ":" + std::to_string(options_.port) +
-                         " (in use, or not an address of this machine)"};
-        port_ = options_.port;
-    }
-    return {};
-}
+Status Server::bind() { return http_->bind(options_.host, options_.port); }
+
+int Server::port() const { return http_->port(); }
 
 void Server::run() {
     run_started_.store(true);
-    if (!stopping_.load()) http_->listen_after_bind();
+    if (!stopping_.load()) http_->run();
     run_ended_.store(true);
 }
 
@@ -128,105 +99,135 @@ void Server::attach(runtime::Engine& engine, runtime::Scheduler& scheduler, Prom
 }
 
 void Server::stop() {
-    stopping_.store(true);
+    if (stopping_.exchange(true)) return;
+    // The shutdown fails every request: streams get their error event, which
+    // the HTTP layer gets a moment to write before it stops.
     if (scheduler_) scheduler_->shutdown();
-    // Give open streams a moment to write the error event the shutdown produced.
-    for (int i = 0; i < 50 && open_streams_.load() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     http_->stop();
-    // The HTTP library drops a stop that arrives before its accept loop has
-    // begun, so repeat it until run() has returned. (run() checks stopping_
-    // after marking itself started: either it sees the flag, or this loop sees
-    // it started.)
-    while (run_started_.load() && !run_ended_.load()) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-        if (!run_ended_.load()) http_->stop();
-    }
+    while (run_started_.load() && !run_ended_.load()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
 }
 
-void Server::install_routes() {
-    httplib::Server& s = *http_;
-    s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-        if (options_.api_key.empty() || req.path == "/health" || req.path == "/") return httplib::Server::HandlerResponse::Unhandled;
-        const std::string auth = req.get_header_value("Authorization");
-        if (auth != "Bearer " + options_.api_key) {
-            send_error(res, ApiError{401, auth.empty() ? "missing API key: send 'Authorization: Bearer KEY'"
-                                                       : "invalid API key",
-                                     "authentication_error", "", "invalid_api_key"});
-            return httplib::Server::HandlerResponse::Handled;
-        }
-        return httplib::Server::HandlerResponse::Unhandled;
-    });
-    // Statuses httplib sets itself (404, 413, 400 on unreadable requests) get an OpenAI error body.
-    s.set_error_handler([max_body = options_.max_body](const httplib::Request& req, httplib::Response& res) {
-        if (!res.body.empty()) return;
-        ApiError e{res.status, "request failed", "invalid_request_error", "", ""};
-        if (res.status == 404) e = {404, "no route " + req.method + " " + req.path, "invalid_request_error", "", "not_found"};
-        if (res.status == 413) e = {413, "the request body is larger than the limit of " + std::to_string(max_body) + " bytes",
-                                    "invalid_request_error", "", "payload_too_large"};
-        if (res.status >= 500) e.type = "server_error";
-        res.set_content(error_body(e), "application/json");
-    });
-    // Counted when the status is final and before the response is written, so a
-    // client that has read a response finds it in /metrics (httplib's logger
-    // runs only after the write).
-    s.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-        std::lock_guard<std::mutex> lock(metrics_mu_);
-        ++requests_[{metric_endpoint(req.path), res.status}];
-    });
+void Server::count(const std::string& endpoint, int status) {
+    std::lock_guard<std::mutex> lock(metrics_mu_);
+    ++requests_[{endpoint, status}];
+}
 
-    s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-        if (ready_.load() && !stopping_.load()) {
-            res.set_content(R"({"status":"ok"})", "application/json");
-        } else {
-            res.status = 503;
-            res.set_content(stopping_.load() ? R"({"status":"stopping"})" : R"({"status":"loading"})",
-                            "application/json");
-        }
-    });
-    s.Get("/", [](const httplib::Request&, httplib::Response& res) {
-        res.set_content(std::string(chat_page_html()), "text/html; charset=utf-8");
-    });
-    s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-        res.set_content(metrics_text(), "text/plain; version=0.0.4");
-    });
-    s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-        if (!ready_.load()) return send_error(res, ApiError{503, "the model is loading", "server_error", "", "loading"});
+// Counted when the status is final and before the response is written, so a
+// client that has read a response finds it in /metrics.
+void Server::answer(const http::Request& req, http::Reply& reply, http::Response res) {
+    count(metric_endpoint(req.path), res.status);
+    reply.send(std::move(res));
+}
+
+void Server::route(const http::Request& req, std::shared_ptr<http::Reply> reply) {
+    const bool get = req.method == "GET", post = req.method == "POST";
+    if (!options_.api_key.empty() && req.path != "/health" && req.path != "/") {
+        const std::string auth = req.header("Authorization");
+        if (auth != "Bearer " + options_.api_key)
+            return answer(req, *reply,
+                          error_response(ApiError{401,
+                                                  auth.empty() ? "missing API key: send 'Authorization: Bearer KEY'"
+                                                               : "invalid API key",
+                                                  "authentication_error", "", "invalid_api_key"}));
+    }
+    if (get && req.path == "/health") {
+        if (ready_.load() && !stopping_.load()) return answer(req, *reply, json_response(200, R"({"status":"ok"})"));
+        return answer(req, *reply,
+                      json_response(503, stopping_.load() ? R"({"status":"stopping"})" : R"({"status":"loading"})"));
+    }
+    if (get && req.path == "/") {
+        http::Response r;
+        r.content_type = "text/html; charset=utf-8";
+        r.body = std::string(chat_page_html());
+        return answer(req, *reply, std::move(r));
+    }
+    if (get && req.path == "/metrics") {
+        http::Response r;
+        r.content_type = "text/plain; version=0.0.4";
+        count("/metrics", 200);  // this very request is in the text
+        r.body = metrics_text();
+        return reply->send(std::move(r));
+    }
+    if (get && req.path == "/v1/models") {
+        if (!ready_.load())
+            return answer(req, *reply, error_response(ApiError{503, "the model is loading", "server_error", "", "loading"}));
         json m = {{"id", model_name_}, {"object", "model"}, {"created", unix_now()}, {"owned_by", "tern"},
                   {"meta", {{"n_ctx", scheduler_->n_ctx()}, {"n_vocab", engine_->n_vocab()},
                             {"n_slots", scheduler_->n_slots()}}}};
-        res.set_content(dump(json{{"object", "list"}, {"data", json::array({m})}}), "application/json");
-    });
-    s.Post("/v1/chat/completions",
-           [this](const httplib::Request& req, httplib::Response& res) { handle_generate(true, req, res); });
-    s.Post("/v1/completions",
-           [this](const httplib::Request& req, httplib::Response& res) { handle_generate(false, req, res); });
+        return answer(req, *reply, json_response(200, dump(json{{"object", "list"}, {"data", json::array({m})}})));
+    }
+    if (post && (req.path == "/v1/chat/completions" || req.path == "/v1/completions"))
+        return handle_generate(req.path == "/v1/chat/completions", req, std::move(reply));
+    answer(req, *reply,
+           error_response(ApiError{404, "no route " + req.method + " " + req.path, "invalid_request_error", "",
+                                   "not_found"}));
 }
 
-void Server::handle_generate(bool chat, const httplib::Request& req, httplib::Response& res) {
-    if (stopping_.load()) return send_error(res, ApiError{503, "the server is shutting down", "server_error", "", "shutting_down"});
-    if (!ready_.load()) return send_error(res, ApiError{503, "the model is loading", "server_error", "", "loading"});
+// What a streamed request's pieces go through: the scheduler thread calls
+// push() from its callbacks, possibly before the HTTP side has started the
+// stream (the submit races the first token), so pieces wait here until
+// begin(); after that they go straight to the reply. A reply that reports its
+// client gone cancels the request.
+class Server::SseStream {
+public:
+    SseStream(std::shared_ptr<http::Reply> reply, std::shared_ptr<std::atomic<bool>> cancelled)
+        : reply_(std::move(reply)), cancelled_(std::move(cancelled)) {}
+    void push(std::string event, bool last) {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!started_) {
+            held_.push_back(std::move(event));
+            ended_ = ended_ || last;
+            return;
+        }
+        send(std::move(event), last);
+    }
+    void begin(std::string first_event) {
+        std::lock_guard<std::mutex> lock(mu_);
+        started_ = true;
+        reply_->start_stream(200, "text/event-stream", {{"Cache-Control", "no-cache"}});
+        if (!first_event.empty()) send(std::move(first_event), false);
+        for (std::string& e : held_) send(std::move(e), false);
+        held_.clear();
+        if (ended_) reply_->end();
+    }
+
+private:
+    void send(std::string event, bool last) {
+        if (!reply_->write(std::move(event))) cancelled_->store(true);
+        if (last) reply_->end();
+    }
+    std::mutex mu_;
+    std::shared_ptr<http::Reply> reply_;
+    std::shared_ptr<std::atomic<bool>> cancelled_;
+    std::deque<std::string> held_;
+    bool started_ = false, ended_ = false;
+};
+
+void Server::handle_generate(bool chat, const http::Request& req, std::shared_ptr<http::Reply> reply) {
+    auto fail = [&](const ApiError& e) { answer(req, *reply, error_response(e)); };
+    if (stopping_.load()) return fail(ApiError{503, "the server is shutting down", "server_error", "", "shutting_down"});
+    if (!ready_.load()) return fail(ApiError{503, "the model is loading", "server_error", "", "loading"});
 
     static thread_local std::mt19937_64 seed_gen{std::random_device{}()};
     ParseOutcome parsed = parse_request(chat ? Endpoint::Chat : Endpoint::Completion, req.body, seed_gen());
-    if (!parsed.request) return send_error(res, parsed.error);
+    if (!parsed.request) return fail(parsed.error);
     const ParsedRequest& pr = *parsed.request;
 
     runtime::GenerationRequest g;
     if (chat) {
         auto tokens = prompts_.chat(pr.messages);
-        if (!tokens.ok()) return send_error(res, ApiError{400, tokens.error().message, "invalid_request_error", "messages", "invalid_value"});
+        if (!tokens.ok()) return fail(ApiError{400, tokens.error().message, "invalid_request_error", "messages", "invalid_value"});
         g.prompt = std::move(*tokens);
     } else {
         g.prompt = prompts_.completion(pr.prompt);
     }
     const int n_ctx = scheduler_->n_ctx();
     if (int64_t(g.prompt.size()) >= n_ctx)
-        return send_error(res, ApiError{400,
-                                        "the prompt has " + std::to_string(g.prompt.size()) +
-                                            " tokens and does not fit the context of " + std::to_string(n_ctx) +
-                                            " tokens per sequence",
-                                        "invalid_request_error", chat ? "messages" : "prompt",
-                                        "context_length_exceeded"});
+        return fail(ApiError{400,
+                             "the prompt has " + std::to_string(g.prompt.size()) +
+                                 " tokens and does not fit the context of " + std::to_string(n_ctx) +
+                                 " tokens per sequence",
+                             "invalid_request_error", chat ? "messages" : "prompt", "context_length_exceeded"});
     g.options.sampling = pr.sampling;
     g.options.stop = pr.stop;
     if (chat)
@@ -235,102 +236,86 @@ void Server::handle_generate(bool chat, const httplib::Request& req, httplib::Re
     const int room = n_ctx - int(g.prompt.size());
     g.options.max_tokens = std::min(pr.max_tokens.value_or(options_.default_max_tokens), room);
 
-    auto ch = std::make_shared<Channel>();
-    g.callbacks = callbacks_for(ch);
-    std::shared_ptr<std::atomic<bool>> cancelled = g.cancelled;
-    const runtime::SubmitResult sub = scheduler_->submit(std::move(g));
-    switch (sub.admission) {
-        case runtime::Admission::Accepted: break;
-        case runtime::Admission::QueueFull: return send_error(res, ApiError{503, sub.message, "server_error", "", "queue_full"});
-        case runtime::Admission::ShuttingDown: return send_error(res, ApiError{503, sub.message, "server_error", "", "shutting_down"});
-        case runtime::Admission::Invalid: return send_error(res, ApiError{400, sub.message, "invalid_request_error", "", "invalid_value"});
-    }
-
     const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id_.fetch_add(1));
     const int64_t created = unix_now();
     const std::string model = pr.model.empty() ? model_name_ : pr.model;
     const char* object = chat ? "chat.completion" : "text_completion";
+    const std::string endpoint = metric_endpoint(req.path);
+    std::shared_ptr<std::atomic<bool>> cancelled = g.cancelled;
+    // A client gone before its answer is complete stops its generation.
+    reply->on_abandon([cancelled] { cancelled->store(true); });
 
+    std::shared_ptr<SseStream> stream;
+    std::string first_event;  // a chat stream opens with the assistant's role
     if (!pr.stream) {
-        std::unique_lock<std::mutex> lock(ch->mu);
-        ch->cv.wait(lock, [&] { return ch->done; });
-        if (!ch->error.empty()) return send_error(res, ApiError{500, ch->error, "server_error", "", ""});
-        const runtime::GenerateResult& r = ch->result;
-        json choice = {{"index", 0}, {"finish_reason", finish_name(r.finish)}};
-        if (chat)
-            choice["message"] = {{"role", "assistant"}, {"content", r.text}};
-        else
-            choice["text"] = r.text, choice["logprobs"] = nullptr;
-        json body = {{"id", id},         {"object", object},
-                     {"created", created}, {"model", model},
-                     {"choices", json::array({choice})}, {"usage", usage_json(r)},
-                     {"timings", timings_json(r)}};
-        res.set_content(dump(body), "application/json");
-        return;
+        // Answered from the scheduler thread when the text is complete.
+        auto text = std::make_shared<std::string>();
+        g.callbacks.on_text = [text](std::string_view piece) { *text += piece; };
+        g.callbacks.on_done = [=, this](const runtime::GenerateResult& r) {
+            json choice = {{"index", 0}, {"finish_reason", finish_name(r.finish)}};
+            if (chat)
+                choice["message"] = {{"role", "assistant"}, {"content", r.text}};
+            else
+                choice["text"] = r.text, choice["logprobs"] = nullptr;
+            json body = {{"id", id},         {"object", object},
+                         {"created", created}, {"model", model},
+                         {"choices", json::array({choice})}, {"usage", usage_json(r)},
+                         {"timings", timings_json(r)}};
+            count(endpoint, 200);
+            reply->send(json_response(200, dump(body)));
+        };
+        g.callbacks.on_error = [=, this](const std::string& message) {
+            count(endpoint, 500);
+            reply->send(error_response(ApiError{500, message.empty() ? "generation failed" : message, "server_error", "", ""}));
+        };
+    } else {
+        // Streaming: server-sent events, one chunk per piece of text.
+        const std::string chunk_object = chat ? "chat.completion.chunk" : "text_completion";
+        const bool include_usage = pr.include_usage;
+        auto chunk = [=](const json& delta_or_text, const json& finish) {
+            json choice = {{"index", 0}, {"finish_reason", finish}};
+            if (chat)
+                choice["delta"] = delta_or_text;
+            else
+                choice["text"] = delta_or_text, choice["logprobs"] = nullptr;
+            json j = {{"id", id}, {"object", chunk_object}, {"created", created}, {"model", model},
+                      {"choices", json::array({choice})}};
+            if (include_usage) j["usage"] = nullptr;
+            return "data: " + dump(j) + "\n\n";
+        };
+        stream = std::make_shared<SseStream>(reply, cancelled);
+        if (chat) first_event = chunk(json{{"role", "assistant"}, {"content", ""}}, nullptr);
+        g.callbacks.on_text = [=](std::string_view piece) {
+            stream->push(chunk(chat ? json{{"content", std::string(piece)}} : json(std::string(piece)), nullptr), false);
+        };
+        g.callbacks.on_done = [=, this](const runtime::GenerateResult& result) {
+            std::string out = chunk(chat ? json::object() : json(""), finish_name(result.finish));
+            if (include_usage) {
+                json u = {{"id", id}, {"object", chunk_object}, {"created", created}, {"model", model},
+                          {"choices", json::array()}, {"usage", usage_json(result)},
+                          {"timings", timings_json(result)}};
+                out += "data: " + dump(u) + "\n\n";
+            }
+            stream->push(out + "data: [DONE]\n\n", true);
+        };
+        g.callbacks.on_error = [=, this](const std::string& message) {
+            const ApiError e{500, message.empty() ? "generation failed" : message, "server_error", "", ""};
+            stream->push("data: " + error_body(e) + "\n\ndata: [DONE]\n\n", true);
+        };
     }
 
-    // Streaming: server-sent events, one chunk per piece of text.
-    const std::string chunk_object = chat ? "chat.completion.chunk" : "text_completion";
-    auto chunk = [=](const json& delta_or_text, const json& finish) {
-        json choice = {{"index", 0}, {"finish_reason", finish}};
-        if (chat)
-            choice["delta"] = delta_or_text;
-        else
-            choice["text"] = delta_or_text, choice["logprobs"] = nullptr;
-        json j = {{"id", id}, {"object", chunk_object}, {"created", created}, {"model", model},
-                  {"choices", json::array({choice})}};
-        if (pr.include_usage) j["usage"] = nullptr;
-        return "data: " + dump(j) + "\n\n";
-    };
-    const bool include_usage = pr.include_usage;
-    auto first = std::make_shared<bool>(true);
-    open_streams_.fetch_add(1);
-    res.set_header("Cache-Control", "no-cache");
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [=, this](size_t, httplib::DataSink& sink) {
-            auto write = [&](const std::string& s) { return sink.write(s.data(), s.size()); };
-            if (*first) {
-                *first = false;
-                if (chat && !write(chunk(json{{"role", "assistant"}, {"content", ""}}, nullptr))) return false;
-            }
-            std::deque<std::string> pieces;
-            bool done = false;
-            std::string error;
-            runtime::GenerateResult result;
-            {
-                std::unique_lock<std::mutex> lock(ch->mu);
-                ch->cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return ch->done || !ch->pieces.empty(); });
-                pieces.swap(ch->pieces);
-                done = ch->done;
-                if (done) error = ch->error, result = ch->result;
-            }
-            if (!sink.is_writable()) return false;  // the client went away; the releaser cancels
-            std::string out;
-            for (const std::string& p : pieces) out += chunk(chat ? json{{"content", p}} : json(p), nullptr);
-            if (done) {
-                if (!error.empty()) {
-                    out += "data: " + error_body(ApiError{500, error, "server_error", "", ""}) + "\n\n";
-                } else {
-                    out += chunk(chat ? json::object() : json(""), finish_name(result.finish));
-                    if (include_usage) {
-                        json u = {{"id", id}, {"object", chunk_object}, {"created", created}, {"model", model},
-                                  {"choices", json::array()}, {"usage", usage_json(result)},
-                                  {"timings", timings_json(result)}};
-                        out += "data: " + dump(u) + "\n\n";
-                    }
-                }
-                out += "data: [DONE]\n\n";
-            }
-            if (!out.empty() && !write(out)) return false;
-            if (done) sink.done();
-            return true;
-        },
-        [this, cancelled](bool) {
-            // Finished or not, nothing reads this request any more.
-            cancelled->store(true);
-            open_streams_.fetch_sub(1);
-        });
+    const runtime::SubmitResult sub = scheduler_->submit(std::move(g));
+    if (sub.admission != runtime::Admission::Accepted) {
+        switch (sub.admission) {
+            case runtime::Admission::QueueFull: return fail(ApiError{503, sub.message, "server_error", "", "queue_full"});
+            case runtime::Admission::ShuttingDown: return fail(ApiError{503, sub.message, "server_error", "", "shutting_down"});
+            default: return fail(ApiError{400, sub.message, "invalid_request_error", "", "invalid_value"});
+        }
+    }
+    if (stream) {
+        count(endpoint, 200);
+        stream->begin(std::move(first_event));
+    }
 }
 
 std::string Server::metrics_text() {

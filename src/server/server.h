@@ -1,8 +1,10 @@
 // The HTTP front of the scheduler: an OpenAI-compatible API
 // (/v1/chat/completions, /v1/completions, /v1/models), /health, Prometheus
-// /metrics and a chat page at /. HTTP threads parse requests, submit them to
-// the scheduler and drain per-request channels; the scheduler never waits on
-// a client. The server listens before the model is loaded and answers 503
+// /metrics and a chat page at /, over the event-driven HTTP layer of http.h.
+// A request is parsed and submitted on an I/O thread; its answer (a whole
+// response, or a stream of server-sent events) is handed to the HTTP layer
+// from the scheduler's callbacks, so neither side ever waits on the other or
+// on a client. The server listens before the model is loaded and answers 503
 // ("loading") until attach() hands it the engine.
 #pragma once
 
@@ -19,13 +21,9 @@
 #include "base/result.h"
 #include "runtime/engine.h"
 #include "runtime/scheduler.h"
+#include "server/http.h"
 #include "text/chat_template.h"
 
-namespace httplib {
-class Server;
-struct Request;
-struct Response;
-}
 
 namespace tern::server {
 
@@ -34,8 +32,10 @@ struct ServerOptions {
     int port = 8080;               // 0: any free port (see port())
     std::string api_key;           // empty: no authentication
     size_t max_body = 1 << 20;     // bytes; larger bodies get 413
-    int http_threads = 32;         // connections served at once
-    int timeout_s = 600;           // socket read/write timeout
+    int http_threads = 2;          // I/O threads serving every connection
+    int max_connections = 1000;    // open at once; more are answered 503
+    int header_timeout_s = 10;     // to receive a request's headers
+    int timeout_s = 600;           // to receive a body, and for each write
     int default_max_tokens = 256;
 };
 
@@ -54,7 +54,7 @@ public:
 
     // Binds the socket; fails naming the address.
     Status bind();
-    int port() const { return port_; }
+    int port() const;
     // Serves until stop(); call from one thread. Returns at once if stop() came first.
     void run();
     // Makes the model available; /health turns "ok".
@@ -66,17 +66,17 @@ public:
     void stop();
 
 private:
-    void install_routes();
-    void handle_generate(bool chat, const httplib::Request& req, httplib::Response& res);
+    class SseStream;
+    void route(const http::Request& req, std::shared_ptr<http::Reply> reply);
+    void handle_generate(bool chat, const http::Request& req, std::shared_ptr<http::Reply> reply);
+    void answer(const http::Request& req, http::Reply& reply, http::Response res);
+    void count(const std::string& endpoint, int status);
     std::string metrics_text();
 
     ServerOptions options_;
-    std::unique_ptr<httplib::Server> http_;
-    int port_ = 0;
     std::atomic<bool> ready_{false};
     std::atomic<bool> stopping_{false};
     std::atomic<bool> run_started_{false}, run_ended_{false};
-    std::atomic<int> open_streams_{0};
     runtime::Engine* engine_ = nullptr;
     runtime::Scheduler* scheduler_ = nullptr;
     PromptBuilder prompts_;
@@ -84,6 +84,8 @@ private:
     std::atomic<uint64_t> next_id_{1};
     std::mutex metrics_mu_;
     std::map<std::pair<std::string, int>, uint64_t> requests_;  // (endpoint, status) -> count
+    // Last: destroyed first, so no I/O thread outlives the members above.
+    std::unique_ptr<http::HttpServer> http_;
 };
 
 // The chat page served at / (HTML with its CSS and JS inline).

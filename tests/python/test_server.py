@@ -3,8 +3,10 @@ client against the OpenAI-compatible endpoints (chat and completions,
 streamed and not), the error answers a raw client gets for bad requests,
 API keys, client disconnects freeing their slot, concurrent streams giving
 the same greedy text as solo runs (continuous batching is batch-invariant),
-and a clean exit on SIGTERM. Small max_tokens keep it to a few minutes on two
-cores."""
+a clean exit on SIGTERM, and the event-driven HTTP front: 256 concurrent
+streaming clients all served, stalled and slow clients delaying nobody (and
+closed at the header deadline), connections past the limit answered 503.
+Small max_tokens keep it to a few minutes on two cores."""
 
 import http.client
 import json
@@ -346,3 +348,82 @@ def test_queue_full_then_sigterm_ends_streams_and_exits_zero():
     assert any('"error"' in e for e in rest), rest[-3:]
     assert rest[-1] == "[DONE]"
     assert s.proc.wait(30) == 0, "".join(s.log)
+
+
+def test_256_concurrent_streams_are_all_served():
+    # Far more clients than slots and HTTP threads: every one is accepted,
+    # queued and served; none is refused or dropped.
+    s = TernServer("--parallel", "8", "--ctx", "256", "--max-queue", "300")
+    try:
+        results, errors = [None] * 256, []
+
+        def worker(i):
+            try:
+                results[i] = stream_completion(s, {"prompt": f"{random_text(3)} {i}", "max_tokens": 2,
+                                                   "temperature": 0})
+            except Exception as e:  # reported below with the client index
+                errors.append((i, repr(e)))
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(256)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        assert not errors, errors[:5]
+        assert all(r is not None and r[1] in ("stop", "length") for r in results)
+        status, metrics = s.request("GET", "/metrics")
+        assert re.search(r'^tern_requests_total\{endpoint="/v1/completions",status="200"\} 256$', metrics, re.M), \
+            metrics
+    finally:
+        assert s.stop() == 0, "".join(s.log)
+
+
+def test_stalled_and_slow_clients_delay_nobody():
+    s = TernServer("--parallel", "2", "--ctx", "1024", "--header-timeout", "2", "--max-connections", "40")
+    idle = []
+    try:
+        # Connections that send nothing, one that stops in the middle of its
+        # headers, and a stream that is never read.
+        for _ in range(20):
+            idle.append(socket.create_connection(("127.0.0.1", s.port), timeout=30))
+        half = socket.create_connection(("127.0.0.1", s.port), timeout=30)
+        half.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: appl")
+        unread = socket.create_connection(("127.0.0.1", s.port), timeout=30)
+        payload = json.dumps({"prompt": "1, 2, 3, 4,", "max_tokens": 400, "temperature": 0, "stream": True}).encode()
+        unread.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+        t0 = time.time()
+        status, body = s.request("POST", "/v1/completions", {"prompt": "Hello", "max_tokens": 3, "temperature": 0})
+        assert status == 200 and body["usage"]["completion_tokens"] <= 3, body
+        assert time.time() - t0 < 5, f"a normal request took {time.time() - t0:.1f} s beside stalled clients"
+        # Past the header deadline the server has closed the stalled ones.
+        time.sleep(3)
+        for sock in idle[:3] + [half]:
+            sock.settimeout(5)
+            assert sock.recv(4096) == b"", "a connection that never sent its headers is still open"
+        unread.close()
+    finally:
+        for sock in idle:
+            sock.close()
+        assert s.stop() == 0, "".join(s.log)
+
+
+def test_connections_past_the_limit_get_503():
+    s = TernServer("--parallel", "1", "--ctx", "256", "--max-connections", "6", "--header-timeout", "30")
+    held = []
+    try:
+        for _ in range(6):
+            held.append(socket.create_connection(("127.0.0.1", s.port), timeout=30))
+        time.sleep(0.2)  # the server has accepted them
+        assert_error(s.request("GET", "/health"), 503, says="too many connections")
+        for sock in held:
+            sock.close()
+        held = []
+        deadline = time.time() + 5
+        while s.request("GET", "/health")[0] != 200 and time.time() < deadline:
+            time.sleep(0.05)
+        assert s.request("GET", "/health") == (200, {"status": "ok"})
+    finally:
+        for sock in held:
+            sock.close()
+        assert s.stop() == 0, "".join(s.log)
