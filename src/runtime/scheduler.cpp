@@ -144,6 +144,7 @@ void Scheduler::finish(Slot& slot, bool ok, const std::string& error) {
 }
 
 bool Scheduler::step() {
+    const auto t_step = Clock::now();
     // Drop cancelled sequences first so their slots are free for the queue.
     for (Slot& slot : slots_) {
         if (slot.seq && slot.seq->req.cancelled && slot.seq->req.cancelled->load()) {
@@ -183,10 +184,14 @@ bool Scheduler::step() {
     if (batch.size() == 0) return false;
 
     std::vector<float> logits;
+    const auto t_forward = Clock::now();
     const Status st = engine_.forward().run(batch, logits);
+    const auto t_sample = Clock::now();
     {
         std::lock_guard<std::mutex> lock(mu_);
         ++stats_.steps;
+        stats_.forward_seconds += ms_between(t_forward, t_sample) / 1000.0;
+        stats_.host_seconds += ms_between(t_step, t_forward) / 1000.0;
     }
     if (!st.ok()) {
         for (size_t i : in_batch)
@@ -215,6 +220,7 @@ bool Scheduler::step() {
     std::lock_guard<std::mutex> lock(mu_);
     stats_.prompt_tokens += new_prompt;
     stats_.generated_tokens += new_generated;
+    stats_.host_seconds += ms_between(t_sample, Clock::now()) / 1000.0;
     return true;
 }
 

@@ -64,6 +64,8 @@ struct SchedulerStats {
     double prompt_seconds = 0;       // summed per-request prefill time
     double generate_seconds = 0;     // summed per-request decode time
     uint64_t steps = 0;              // forward calls
+    double forward_seconds = 0;      // inside the forward calls of the steps
+    double host_seconds = 0;         // the rest of the steps: batching, sampling, detokenizing, callbacks
 };
 
 class Scheduler {

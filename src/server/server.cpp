@@ -347,6 +347,9 @@ std::string Server::metrics_text() {
     metric("tern_generation_tokens_per_second", "gauge", "Generated tokens per second of per-request decode time.",
            st.generate_seconds > 0 ? double(st.generated_tokens) / st.generate_seconds : 0.0);
     metric("tern_forward_steps_total", "counter", "Batched forward calls.", double(st.steps));
+    metric("tern_step_forward_seconds_total", "counter", "Seconds inside the steps' forward calls.", st.forward_seconds);
+    metric("tern_step_host_seconds_total", "counter",
+           "Seconds of the steps' own host work: batching, sampling, detokenizing, callbacks.", st.host_seconds);
     return out;
 }
 

@@ -176,7 +176,8 @@ def test_health_models_metrics_page(server):
     assert status == 200
     assert 'tern_requests_total{endpoint="/health",status="200"}' in text
     for name in ("tern_prompt_tokens_total", "tern_generated_tokens_total", "tern_queue_depth",
-                 "tern_active_sequences", "tern_prompt_tokens_per_second", "tern_generation_tokens_per_second"):
+                 "tern_active_sequences", "tern_prompt_tokens_per_second", "tern_generation_tokens_per_second",
+                 "tern_step_forward_seconds_total", "tern_step_host_seconds_total"):
         assert re.search(rf"^{name} [0-9.e+]+$", text, re.M), name
 
 
