@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -23,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "backend/gpu.h"
 #include "quant/mix.h"
 #include "tools/bench_util.h"
 #include "tools/commands.h"
@@ -74,10 +76,16 @@ static std::string size_label_of(const gguf::File& f, uint64_t n_params) {
 ModelInfo describe_model(runtime::Engine& e, const std::string& path) {
     ModelInfo m;
     m.filename = path;
+    uint64_t embedding = 0;
+    bool tied = true;
     for (const gguf::TensorInfo& t : e.file().tensors()) {
         m.size += t.n_bytes;
         m.n_params += uint64_t(t.n_elements);
+        if (t.name == "token_embd.weight") embedding = t.n_bytes;
+        if (t.name == "output.weight") tied = false;
     }
+    // A token reads one row of the embedding table, unless it is also the output head.
+    m.weight_bytes = m.size - (tied ? 0 : embedding);
     std::string ftype = "?";
     if (auto id = e.file().get_int("general.file_type"); id && *id >= 0 && *id <= int64_t(UINT32_MAX))
         ftype = quant::file_type_name(uint32_t(*id)).value_or("?");
@@ -87,6 +95,24 @@ ModelInfo describe_model(runtime::Engine& e, const std::string& path) {
     m.tp = e.tp();
     if (m.tp > 1) m.backend += " tp=" + std::to_string(m.tp);
     return m;
+}
+
+double measure_host_copy_gbps(int threads) {
+    const size_t bytes = size_t(64) << 20;
+    const int n = std::max(1, threads);
+    std::vector<char> src(bytes, 1), dst(bytes, 0);  // pages touched before timing
+    double best = 0;
+    for (int rep = 0; rep < 3; ++rep) {
+        const auto t0 = std::chrono::steady_clock::now();
+#pragma omp parallel for num_threads(n) schedule(static)
+        for (int i = 0; i < n; ++i) {
+            const size_t begin = bytes * size_t(i) / size_t(n), end = bytes * size_t(i + 1) / size_t(n);
+            std::memcpy(dst.data() + begin, src.data() + begin, end - begin);
+        }
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (s > 0) best = std::max(best, 2.0 * double(bytes) / s / 1e9);
+    }
+    return best;
 }
 
 std::string format_size(uint64_t bytes) {
@@ -180,6 +206,7 @@ struct BenchCliOptions {
     std::string tg = "128";
     std::string threads;  // empty: all cores
     std::string batch = "512";
+    std::string depth = "0";  // tokens already in the cache when a test starts
     int reps = 5;
     std::string output = "md";
     bool batched = false;       // --batched: llama-batched-bench's test instead (bench_batched.cpp)
@@ -187,17 +214,18 @@ struct BenchCliOptions {
 };
 
 struct TestRun {
-    std::string name;  // "pp512", "tg128"
-    int n_prompt = 0, n_gen = 0, threads = 0, batch = 0;
+    std::string name;  // "pp512", "tg128", "tg128 @ d4096"
+    int n_prompt = 0, n_gen = 0, threads = 0, batch = 0, depth = 0;
     std::vector<double> ns;  // per repetition
     std::vector<double> ts;  // tokens per second per repetition
     uint64_t peak_rss = 0;   // bytes, after the test
     uint64_t device_bytes = 0;  // held by the backend with weights and KV cache in place
+    double copy_gbps = 0;       // the device's measured copy rate (0: not measured)
 };
 
-// Nanoseconds to evaluate `tokens` from an empty cache in batches of `batch`,
-// with logits for the last token only (as a prompt is evaluated).
-double time_prompt(runtime::Engine& e, const std::vector<int32_t>& tokens, int batch) {
+// Nanoseconds to evaluate `tokens` at positions pos0.. in batches of
+// `batch`, with logits for the last token only (as a prompt is evaluated).
+double time_prompt(runtime::Engine& e, const std::vector<int32_t>& tokens, int batch, int pos0) {
     model::Pass& fwd = e.forward();
     const size_t step = size_t(std::min(batch, fwd.max_tokens()));
     std::vector<float> logits;
@@ -205,21 +233,21 @@ double time_prompt(runtime::Engine& e, const std::vector<int32_t>& tokens, int b
     for (size_t i = 0; i < tokens.size(); i += step) {
         model::Batch b;
         const size_t n = std::min(step, tokens.size() - i);
-        for (size_t j = 0; j < n; ++j) b.add(tokens[i + j], int32_t(i + j), 0, i + j + 1 == tokens.size());
+        for (size_t j = 0; j < n; ++j) b.add(tokens[i + j], pos0 + int32_t(i + j), 0, i + j + 1 == tokens.size());
         if (Status s = fwd.run(b, logits); !s.ok()) fail(kCmd, "forward pass: " + s.message());
     }
     return std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// Nanoseconds to evaluate `tokens` one at a time from an empty cache, each
+// Nanoseconds to evaluate `tokens` one at a time at positions pos0.., each
 // step producing logits (as generation does).
-double time_generation(runtime::Engine& e, const std::vector<int32_t>& tokens) {
+double time_generation(runtime::Engine& e, const std::vector<int32_t>& tokens, int pos0) {
     model::Pass& fwd = e.forward();
     std::vector<float> logits;
     const auto t0 = std::chrono::steady_clock::now();
     for (size_t i = 0; i < tokens.size(); ++i) {
         model::Batch b;
-        b.add(tokens[i], int32_t(i), 0, true);
+        b.add(tokens[i], pos0 + int32_t(i), 0, true);
         if (Status s = fwd.run(b, logits); !s.ok()) fail(kCmd, "forward pass: " + s.message());
     }
     return std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
@@ -230,10 +258,15 @@ void run_test(runtime::Engine& e, TestRun& t, int reps, std::mt19937_64& rng) {
     const int n_vocab = tok.n_vocab();
     const int n = t.n_prompt > 0 ? t.n_prompt : t.n_gen;
     for (int r = -1; r < reps; ++r) {  // r == -1: the warm-up, not recorded
+        // The context a test starts after, evaluated untimed; then the test's
+        // tokens. Both start the way a fresh sequence would.
+        std::vector<int32_t> context = random_tokens(rng, t.depth, n_vocab);
         std::vector<int32_t> tokens = random_tokens(rng, n, n_vocab);
-        // Both start the way a fresh sequence would.
-        if (tok.vocab().add_bos && tok.bos_id() >= 0) tokens[0] = tok.bos_id();
-        const double ns = t.n_prompt > 0 ? time_prompt(e, tokens, t.batch) : time_generation(e, tokens);
+        std::vector<int32_t>& first = t.depth > 0 ? context : tokens;
+        if (tok.vocab().add_bos && tok.bos_id() >= 0) first[0] = tok.bos_id();
+        if (t.depth > 0) time_prompt(e, context, t.batch, 0);
+        const double ns =
+            t.n_prompt > 0 ? time_prompt(e, tokens, t.batch, t.depth) : time_generation(e, tokens, t.depth);
         if (r < 0) continue;
         t.ns.push_back(ns);
         t.ts.push_back(ns > 0 ? double(n) * 1e9 / ns : 0);
@@ -241,19 +274,41 @@ void run_test(runtime::Engine& e, TestRun& t, int reps, std::mt19937_64& rng) {
     t.peak_rss = peak_rss_bytes();
 }
 
+// How close a generation test came to the floor: every weight is read once
+// per token, so weight bytes x tokens/s is the bandwidth achieved, set
+// against the device's measured copy rate (bytes read plus written).
+double weight_gbps(const ModelInfo& m, const TestRun& t) { return double(m.weight_bytes) * mean_of(t.ts) / 1e9; }
+double copy_share(const ModelInfo& m, const TestRun& t) {
+    return t.copy_gbps > 0 ? weight_gbps(m, t) / t.copy_gbps : 0;
+}
+
+// The copy rate a generation test is set against: device-to-device on the
+// GPU (times the ranks of a tensor-parallel run, which read their shares at
+// once), else `host_gbps`, memcpy over the test's threads measured before the
+// model was opened (so its buffers never add to the peak RSS). 0 when it
+// cannot be had.
+double copy_gbps_for(const runtime::Engine& e, double host_gbps) {
+    if (e.backend_name() == "cpu") return host_gbps;
+    auto r = backend::measure_gpu_copy_gbps(e.options().gpu);
+    return r.ok() ? *r * e.tp() : 0;
+}
+
 // Markdown in llama-bench's layout; the batch column only when it is not the default.
+// Generation rows add the weight bandwidth they reached and its share of the
+// device's copy rate.
 struct MarkdownTable {
     bool show_batch;
     void header() const {
         std::printf("| %-30s | %10s | %10s | %-10s | %12s | %7s |", "model", "size", "params", "backend", "gpu mem",
                     "threads");
         if (show_batch) std::printf(" %7s |", "n_batch");
-        std::printf(" %15s | %20s |\n", "test", "t/s");
+        std::printf(" %15s | %20s | %12s | %7s |\n", "test", "t/s", "weights GB/s", "of copy");
         std::printf("| %s | %s: | %s: | %s | %s: | %s: |", std::string(30, '-').c_str(), std::string(9, '-').c_str(),
                     std::string(9, '-').c_str(), std::string(10, '-').c_str(), std::string(11, '-').c_str(),
                     std::string(6, '-').c_str());
         if (show_batch) std::printf(" %s: |", std::string(6, '-').c_str());
-        std::printf(" %s: | %s: |\n", std::string(14, '-').c_str(), std::string(19, '-').c_str());
+        std::printf(" %s: | %s: | %s: | %s: |\n", std::string(14, '-').c_str(), std::string(19, '-').c_str(),
+                    std::string(11, '-').c_str(), std::string(6, '-').c_str());
     }
     void row(const ModelInfo& m, const TestRun& t) const {
         char ts[64];
@@ -262,8 +317,13 @@ struct MarkdownTable {
                     format_params(m.n_params).c_str(), m.backend.c_str(),
                     format_device_mem(m, t.device_bytes).c_str(), t.threads);
         if (show_batch) std::printf(" %7d |", t.batch);
+        char gbps[32] = "", share[32] = "";
+        if (t.n_gen > 0) {
+            std::snprintf(gbps, sizeof gbps, "%.1f", weight_gbps(m, t));
+            if (t.copy_gbps > 0) std::snprintf(share, sizeof share, "%.0f%%", 100.0 * copy_share(m, t));
+        }
         // "±" is two bytes in UTF-8 but one column wide: pad by one more.
-        std::printf(" %15s | %21s |\n", t.name.c_str(), ts);
+        std::printf(" %15s | %21s | %12s | %7s |\n", t.name.c_str(), ts, gbps, share);
         std::fflush(stdout);
     }
 };
@@ -277,6 +337,7 @@ nlohmann::ordered_json to_json(const ModelInfo& m, const TestRun& t) {
     j["test"] = t.name;
     j["n_prompt"] = t.n_prompt;
     j["n_gen"] = t.n_gen;
+    j["n_depth"] = t.depth;
     j["avg_ns"] = mean_of(t.ns);
     j["stddev_ns"] = stddev_of(t.ns);
     j["avg_ts"] = mean_of(t.ts);
@@ -284,6 +345,14 @@ nlohmann::ordered_json to_json(const ModelInfo& m, const TestRun& t) {
     j["samples_ns"] = t.ns;
     j["samples_ts"] = t.ts;
     j["peak_rss_bytes"] = t.peak_rss;
+    // Generation tests: weight bytes read per token, the bandwidth that makes,
+    // and its share of the measured copy rate (null where not measured).
+    using J = nlohmann::ordered_json;
+    const bool gen = t.n_gen > 0;
+    j["weight_bytes"] = m.weight_bytes;
+    j["weight_gbps"] = gen ? J(weight_gbps(m, t)) : J();
+    j["copy_gbps"] = t.copy_gbps > 0 ? J(t.copy_gbps) : J();
+    j["copy_share"] = gen && t.copy_gbps > 0 ? J(copy_share(m, t)) : J();
     return j;
 }
 
@@ -321,11 +390,13 @@ void run_bench(const BenchCliOptions& o, const CLI::App& cmd) {
     for (int& t : threads)
         if (t == 0) t = all_cores;
     const std::vector<int> batches = parse_list(kCmd, "-b", o.batch, 1);
+    const std::vector<int> depths = parse_list(kCmd, "-d", o.depth, 0);
     int n_ctx = 1;
-    bool any = false;
+    bool any = false, any_gen = false;
     for (int n : pps) n_ctx = std::max(n_ctx, n), any = any || n > 0;
-    for (int n : tgs) n_ctx = std::max(n_ctx, n), any = any || n > 0;
+    for (int n : tgs) n_ctx = std::max(n_ctx, n), any = any || n > 0, any_gen = any_gen || n > 0;
     if (!any) fail(kCmd, "nothing to measure: -p and -n are all 0");
+    n_ctx += *std::max_element(depths.begin(), depths.end());
 
     const std::string path = resolve_model_path(kCmd, o.model.model);
     const bool markdown = o.output == "md";
@@ -337,8 +408,10 @@ void run_bench(const BenchCliOptions& o, const CLI::App& cmd) {
         ModelFlags mf = o.model;
         mf.threads = threads[ti];
         mf.batch = *std::max_element(batches.begin(), batches.end());
+        const double host_gbps = any_gen ? measure_host_copy_gbps(threads[ti]) : 0;
         std::unique_ptr<runtime::Engine> engine = open_engine(kCmd, path, mf, n_ctx);
         const uint64_t device_bytes = engine->device_bytes();
+        const double copy_gbps = any_gen ? copy_gbps_for(*engine, host_gbps) : 0;
         if (ti == 0) {
             info = describe_model(*engine, path);
             if (o.model.verbose) print_model_summary(*engine, path);
@@ -346,10 +419,23 @@ void run_bench(const BenchCliOptions& o, const CLI::App& cmd) {
         }
         for (int batch : batches) {
             std::vector<TestRun> plan;
-            for (int n : pps)
-                if (n > 0) plan.push_back({"pp" + std::to_string(n), n, 0, threads[ti], batch, {}, {}, 0, device_bytes});
-            for (int n : tgs)
-                if (n > 0) plan.push_back({"tg" + std::to_string(n), 0, n, threads[ti], batch, {}, {}, 0, device_bytes});
+            auto add = [&](const char* kind, int n, int depth) {
+                TestRun t;
+                t.name = kind + std::to_string(n) + (depth > 0 ? " @ d" + std::to_string(depth) : "");
+                (kind[0] == 'p' ? t.n_prompt : t.n_gen) = n;
+                t.threads = threads[ti];
+                t.batch = batch;
+                t.depth = depth;
+                t.device_bytes = device_bytes;
+                t.copy_gbps = copy_gbps;
+                plan.push_back(std::move(t));
+            };
+            for (int d : depths) {
+                for (int n : pps)
+                    if (n > 0) add("pp", n, d);
+                for (int n : tgs)
+                    if (n > 0) add("tg", n, d);
+            }
             for (TestRun& t : plan) {
                 if (o.model.verbose)
                     std::fprintf(stderr, "bench: %s, %d threads, batch %d: 1 warm-up + %d runs\n", t.name.c_str(),
@@ -400,6 +486,10 @@ void add_bench_command(CLI::App& app) {
     cmd->add_option("-t,--threads", o->threads, "Thread counts to test, comma-separated (default: all cores)")
         ->type_name("N,...");
     cmd->add_option("-b,--batch", o->batch, "Prompt batch sizes to test, comma-separated (default 512)")
+        ->type_name("N,...");
+    cmd->add_option("-d,--depth", o->depth,
+                    "Tokens already in the cache when each test starts, comma-separated (default 0); rows read "
+                    "'tg128 @ d4096'")
         ->type_name("N,...");
     add_int_option(cmd, kCmd, "-r,--repetitions", o->reps,
                    "Timed runs per test, after one warm-up (default 5; --batched: 1, medians reported)");

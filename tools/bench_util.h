@@ -22,6 +22,7 @@ struct ModelInfo {
     std::string backend;   // "CPU", "CUDA"; "CUDA tp=2" for a tensor-parallel run
     bool on_device = false;
     int tp = 1;
+    uint64_t weight_bytes = 0;  // read per generated token: every tensor but the embedding table (unless tied)
 };
 ModelInfo describe_model(runtime::Engine& e, const std::string& path);
 // The fields every JSON/CSV row starts with: build, model_filename,
@@ -40,6 +41,9 @@ std::string format_device_mem(const ModelInfo& m, uint64_t bytes);  // "" for a 
 double mean_of(const std::vector<double>& v);
 double stddev_of(const std::vector<double>& v);  // sample (n - 1); 0 for one value
 std::vector<int32_t> random_tokens(std::mt19937_64& rng, int n, int n_vocab);
+// memcpy bandwidth over `threads` threads, bytes read plus written, in GB/s:
+// the best of a few copies of 64 MiB (past the last-level cache of most CPUs).
+double measure_host_copy_gbps(int threads);
 // One CSV line of a JSON object's values (arrays joined by spaces).
 std::string csv_row(const nlohmann::ordered_json& j);
 

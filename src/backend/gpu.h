@@ -26,4 +26,10 @@ bool built_with_cuda();
 std::string cuda_architectures();
 Result<std::vector<GpuInfo>> list_gpus();
 
+// The device-to-device copy rate of GPU `index` in GB/s, bytes read plus
+// bytes written: the best of a few copies of 512 MiB between two buffers of
+// its own (the floor a decode step's weight reads are measured against). An
+// error names the failing call (no such GPU, not enough free memory).
+Result<double> measure_gpu_copy_gbps(int index);
+
 }  // namespace tern::backend

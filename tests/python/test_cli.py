@@ -316,6 +316,28 @@ def test_bench_markdown_and_csv():
         assert len(row["samples_ts"].split()) == 1 and float(row["avg_ts"]) > 0
 
 
+def test_bench_depth_and_bandwidth():
+    r = tern_model("bench", "--backend", "cpu", "-p", 8, "-n", 3, "-d", "0,16", "-r", 1, "-o", "json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert [(row["test"], row["n_depth"]) for row in rows] == [("pp8", 0), ("tg3", 0), ("pp8 @ d16", 16),
+                                                                ("tg3 @ d16", 16)]
+    for row in rows:
+        # The default model's embedding table is also its output head: every byte is read per token.
+        assert row["weight_bytes"] == row["model_size"]
+        assert row["copy_gbps"] > 0
+        if row["n_gen"] == 0:
+            assert row["weight_gbps"] is None and row["copy_share"] is None
+            continue
+        assert row["weight_gbps"] == pytest.approx(row["weight_bytes"] * row["avg_ts"] / 1e9, rel=1e-6)
+        assert row["copy_share"] == pytest.approx(row["weight_gbps"] / row["copy_gbps"], rel=1e-6)
+    md = tern_model("bench", "--backend", "cpu", "-p", 0, "-n", 2, "-d", 8, "-r", 1)
+    assert md.returncode == 0, md.stderr
+    lines = md.stdout.splitlines()
+    assert lines[0].rstrip().endswith("| weights GB/s | of copy |"), lines[0]
+    assert re.search(r"\| +tg2 @ d8 \| +[\d.]+ ± [\d.]+ \| +[\d.]+ \| +\d+% \|$", lines[2]), lines[2]
+
+
 def test_bench_batched_rows():
     r = tern_model("bench", "--backend", "cpu", "--batched", "--npp", "8,12", "--ntg", 3, "--npl", "1,3",
                    "-o", "json")

@@ -48,4 +48,40 @@ Result<std::vector<GpuInfo>> list_gpus() {
     return gpus;
 }
 
+Result<double> measure_gpu_copy_gbps(int index) {
+    constexpr size_t kBytes = size_t(512) << 20;
+    if (cudaError_t e = cudaSetDevice(index); e != cudaSuccess) return cuda_error("cudaSetDevice", e);
+    void *src = nullptr, *dst = nullptr;
+    cudaStream_t stream = nullptr;
+    cudaEvent_t start = nullptr, stop = nullptr;
+    auto release = [&] {
+        if (start) cudaEventDestroy(start);
+        if (stop) cudaEventDestroy(stop);
+        if (stream) cudaStreamDestroy(stream);
+        if (src) cudaFree(src);
+        if (dst) cudaFree(dst);
+        cudaGetLastError();  // a failed allocation is not sticky; leave no error behind
+    };
+    cudaError_t e = cudaMalloc(&src, kBytes);
+    if (e == cudaSuccess) e = cudaMalloc(&dst, kBytes);
+    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    if (e == cudaSuccess) e = cudaEventCreate(&start);
+    if (e == cudaSuccess) e = cudaEventCreate(&stop);
+    if (e == cudaSuccess) e = cudaMemsetAsync(src, 1, kBytes, stream);
+    float best_ms = 0;
+    for (int rep = 0; rep < 5 && e == cudaSuccess; ++rep) {
+        e = cudaEventRecord(start, stream);
+        if (e == cudaSuccess) e = cudaMemcpyAsync(dst, src, kBytes, cudaMemcpyDeviceToDevice, stream);
+        if (e == cudaSuccess) e = cudaEventRecord(stop, stream);
+        if (e == cudaSuccess) e = cudaEventSynchronize(stop);
+        float ms = 0;
+        if (e == cudaSuccess) e = cudaEventElapsedTime(&ms, start, stop);
+        if (e == cudaSuccess && ms > 0 && (best_ms == 0 || ms < best_ms)) best_ms = ms;
+    }
+    release();
+    if (e != cudaSuccess) return cuda_error("measuring the copy rate", e);
+    if (best_ms <= 0) return Error{"measuring the copy rate: no time elapsed"};
+    return 2.0 * double(kBytes) / (double(best_ms) / 1e3) / 1e9;
+}
+
 }  // namespace tern::backend
