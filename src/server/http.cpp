@@ -80,12 +80,14 @@ struct HttpServer::Impl {
     Limits limits;
     Handler handler;
     ErrorResponder errors;
-    asio::io_context ioc;
-    tcp::acceptor acceptor{ioc};
     std::atomic<int> n_connections{0};
     std::atomic<int> open_answers{0};  // requests read whose answer is not yet written
     std::atomic<bool> stopping{false};
     int port = 0;
+    // Last, so they go first: the connections the io_context still holds are
+    // destroyed with it, and they use the members above.
+    asio::io_context ioc;
+    tcp::acceptor acceptor{ioc};
 
     void accept();
 };
