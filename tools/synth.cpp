@@ -58,14 +58,14 @@ model::SynthShape shape_from(const SynthCliOptions& o) {
     if (o.rms_eps) s.rms_eps = *o.rms_eps;
     if (o.arch) {
         s.arch = *o.arch;
-        if (s.arch == "qwen2" && s.tokenizer == model::SynthTokenizer::Gpt2Bpe) s.bpe_pre = "qwen2";
+        if (s.arch != "llama" && s.tokenizer == model::SynthTokenizer::Gpt2Bpe) s.bpe_pre = "qwen2";
     }
     if (o.tokenizer) {
         if (*o.tokenizer == "llama") {
             s.tokenizer = model::SynthTokenizer::SentencePiece;
         } else if (*o.tokenizer == "gpt2") {
             s.tokenizer = model::SynthTokenizer::Gpt2Bpe;
-            s.bpe_pre = s.arch == "qwen2" ? "qwen2" : "llama-bpe";
+            s.bpe_pre = s.arch == "llama" ? "llama-bpe" : "qwen2";
         } else {
             fail("synth", "unknown tokenizer '" + *o.tokenizer + "' (choose llama or gpt2)");
         }
@@ -129,7 +129,7 @@ void add_synth_command(CLI::App& app) {
     cmd->add_option("--n-ctx", o->n_ctx, "Context length");
     cmd->add_option("--rope-base", o->rope_base, "RoPE frequency base");
     cmd->add_option("--rms-eps", o->rms_eps, "RMSNorm epsilon");
-    cmd->add_option("--arch", o->arch, "Architecture: llama or qwen2 (q/k/v biases)");
+    cmd->add_option("--arch", o->arch, "Architecture: llama, qwen2 (q/k/v biases) or qwen3 (per-head q/k norms)");
     cmd->add_option("--tokenizer", o->tokenizer, "Tokenizer: llama (SentencePiece) or gpt2 (byte-level BPE)");
     cmd->add_flag("--tied", o->tied, "No output.weight: the token embedding doubles as output");
     cmd->callback([o] { run_synth(*o); });

@@ -9,6 +9,11 @@ namespace tern::model {
 
 using backend::Tensor;
 
+namespace {
+// The same memory seen as one row per (token, head).
+Tensor per_head(Tensor t, int head_dim) { return Tensor{t.data, t.rows * (t.cols / head_dim), head_dim}; }
+}  // namespace
+
 backend::KvCacheShape Forward::kv_shape(const Model& model, int n_slots, int n_ctx) {
     backend::KvCacheShape s;
     s.n_layers = model.hp.n_layer;
@@ -86,6 +91,11 @@ Status Forward::run(const Batch& batch, std::vector<float>& logits) {
         be_.matmul_shared(hbuf, {{&L.wq, q, L.bq ? &L.bq : nullptr},
                                  {&L.wk, k, L.bk ? &L.bk : nullptr},
                                  {&L.wv, v, L.bv ? &L.bv : nullptr}});
+        // qwen3: q, k = n(each head of q), n(each head of k), one row per (token, head)
+        if (L.q_norm) {
+            be_.rms_norm(per_head(q, h.head_dim), L.q_norm, h.norm_eps, per_head(q, h.head_dim));
+            be_.rms_norm(per_head(k, h.head_dim), L.k_norm, h.norm_eps, per_head(k, h.head_dim));
+        }
         be_.rope(q, h.n_head, h.head_dim, rope);
         be_.rope(k, h.n_head_kv, h.head_dim, rope);
         be_.kv_store(il, k, v);

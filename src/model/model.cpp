@@ -50,7 +50,7 @@ Result<const gguf::TensorInfo*> find_checked(const gguf::File& f, const std::str
 
 }  // namespace
 
-bool architecture_supported(const std::string& arch) { return arch == "llama" || arch == "qwen2"; }
+bool architecture_supported(const std::string& arch) { return arch == "llama" || arch == "qwen2" || arch == "qwen3"; }
 
 Result<Hparams> read_hparams(const gguf::File& f) {
     Hparams hp;
@@ -58,7 +58,7 @@ Result<Hparams> read_hparams(const gguf::File& f) {
     if (!arch) return Error{f.path() + ": metadata 'general.architecture' is missing"};
     hp.arch = *arch;
     if (!architecture_supported(hp.arch))
-        return Error{f.path() + ": unsupported architecture '" + hp.arch + "' (tern runs: llama, qwen2)"};
+        return Error{f.path() + ": unsupported architecture '" + hp.arch + "' (tern runs: llama, qwen2, qwen3)"};
 
     constexpr int kBig = 1 << 24;
     auto n_embd = require_int(f, key(hp, "embedding_length"), 1, kBig);
@@ -87,7 +87,7 @@ Result<Hparams> read_hparams(const gguf::File& f) {
     if (!(hp.norm_eps > 0.0f && hp.norm_eps < 1.0f))
         return Error{f.path() + ": attention.layer_norm_rms_epsilon is not a small positive number"};
 
-    hp.rope.neox = hp.arch == "qwen2";
+    hp.rope.neox = hp.arch == "qwen2" || hp.arch == "qwen3";
     hp.rope.n_dims = optional_int(f, key(hp, "rope.dimension_count"), hp.head_dim);
     if (hp.rope.n_dims < 2 || hp.rope.n_dims > hp.head_dim || hp.rope.n_dims % 2 != 0)
         return Error{f.path() + ": rope.dimension_count = " + std::to_string(hp.rope.n_dims) +
@@ -149,6 +149,9 @@ Result<Model> describe_model(const gguf::File& f) {
         want(L.bq, p + "attn_q.bias", q_dim, 0, biases);
         want(L.bk, p + "attn_k.bias", kv_dim, 0, biases);
         want(L.bv, p + "attn_v.bias", kv_dim, 0, biases);
+        const bool qk_norm = h.arch == "qwen3";
+        want(L.q_norm, p + "attn_q_norm.weight", h.head_dim, 0, qk_norm);
+        want(L.k_norm, p + "attn_k_norm.weight", h.head_dim, 0, qk_norm);
         want(L.wo, p + "attn_output.weight", q_dim, h.n_embd);
         want(L.ffn_norm, p + "ffn_norm.weight", h.n_embd, 0);
         want(L.w_gate, p + "ffn_gate.weight", h.n_embd, h.n_ff);
@@ -170,8 +173,8 @@ auto weights_of(M& m) {
     using W = std::conditional_t<std::is_const_v<M>, const backend::Weight, backend::Weight>;
     std::vector<W*> all = {&m.token_embd, &m.output_norm, &m.rope_freqs};
     for (auto& L : m.layers)
-        for (W* w : {&L.attn_norm, &L.wq, &L.wk, &L.wv, &L.bq, &L.bk, &L.bv, &L.wo, &L.ffn_norm, &L.w_gate, &L.w_up,
-                     &L.w_down})
+        for (W* w : {&L.attn_norm, &L.wq, &L.wk, &L.wv, &L.bq, &L.bk, &L.bv, &L.q_norm, &L.k_norm, &L.wo,
+                     &L.ffn_norm, &L.w_gate, &L.w_up, &L.w_down})
             all.push_back(w);
     all.push_back(&m.output);
     return all;

@@ -1,7 +1,7 @@
 // A loaded model: hyperparameters read from GGUF metadata and the weights of
 // each layer, registered with a backend. One struct serves the llama family
-// (Llama 2/3, Mistral, Qwen2, SmolLM2, TinyLlama); the forward pass is in
-// llama.cpp.
+// (Llama 2/3, Mistral, SmolLM2, TinyLlama; Qwen2 with q/k/v biases; Qwen3 with
+// per-head q/k norms); the forward pass is in forward.cpp.
 #pragma once
 
 #include <cstddef>
@@ -36,6 +36,8 @@ struct Layer {
     backend::Weight wk;           // (n_embd -> n_head_kv*head_dim)
     backend::Weight wv;           // (n_embd -> n_head_kv*head_dim)
     backend::Weight bq, bk, bv;   // optional biases (qwen2)
+    backend::Weight q_norm;       // [head_dim] RMSNorm of each query head before RoPE (qwen3), or empty
+    backend::Weight k_norm;       // [head_dim] the same for each key head
     backend::Weight wo;           // (n_head*head_dim -> n_embd)
     backend::Weight ffn_norm;     // [n_embd]
     backend::Weight w_gate;       // (n_embd -> n_ff)

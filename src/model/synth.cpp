@@ -33,6 +33,14 @@ std::optional<SynthShape> synth_preset(std::string_view name) {
         s.bpe_pre = "llama-bpe";
         return s;
     }
+    if (name == "qwen3-8b") {
+        s.arch = "qwen3";
+        s.n_vocab = 151936; s.n_embd = 4096; s.n_layer = 36; s.n_head = 32; s.n_head_kv = 8;
+        s.n_ff = 12288; s.n_ctx = 40960; s.rope_base = 1000000.0f; s.rms_eps = 1e-6f;
+        s.tokenizer = SynthTokenizer::Gpt2Bpe;
+        s.bpe_pre = "qwen2";
+        return s;
+    }
     if (name == "qwen2-7b") {
         s.arch = "qwen2";
         s.n_vocab = 152064; s.n_embd = 3584; s.n_layer = 28; s.n_head = 28; s.n_head_kv = 4;
@@ -45,7 +53,7 @@ std::optional<SynthShape> synth_preset(std::string_view name) {
 }
 
 std::vector<std::string> synth_preset_names() {
-    return {"tiny", "llama2-7b", "llama3-8b", "qwen2-7b", "custom"};
+    return {"tiny", "llama2-7b", "llama3-8b", "qwen2-7b", "qwen3-8b", "custom"};
 }
 
 Status check_synth_shape(const SynthShape& s) {
@@ -64,8 +72,8 @@ Status check_synth_shape(const SynthShape& s) {
                       in_range("n_ff", s.n_ff, 1, int64_t(1) << 18),
                       in_range("n_ctx", s.n_ctx, 1, int64_t(1) << 24)})
         if (!st) return st;
-    if (s.arch != "llama" && s.arch != "qwen2")
-        return Error{"architecture '" + s.arch + "' is not one synth can build (llama, qwen2)"};
+    if (s.arch != "llama" && s.arch != "qwen2" && s.arch != "qwen3")
+        return Error{"architecture '" + s.arch + "' is not one synth can build (llama, qwen2, qwen3)"};
     if (s.n_embd % s.n_head != 0)
         return Error{"n_embd " + std::to_string(s.n_embd) + " is not a multiple of n_head " +
                      std::to_string(s.n_head)};
@@ -107,6 +115,10 @@ std::vector<SynthTensor> synth_tensors(const SynthShape& s) {
         if (s.has_qkv_bias()) add(p + "attn_k.bias", {kv});
         add(p + "attn_v.weight", {embd, kv});
         if (s.has_qkv_bias()) add(p + "attn_v.bias", {kv});
+        if (s.has_qk_norm()) {
+            add(p + "attn_q_norm.weight", {s.head_dim()}, SynthInit::NearOne);
+            add(p + "attn_k_norm.weight", {s.head_dim()}, SynthInit::NearOne);
+        }
         add(p + "attn_output.weight", {embd, embd});
         add(p + "ffn_norm.weight", {embd}, SynthInit::NearOne);
         add(p + "ffn_gate.weight", {embd, ff});

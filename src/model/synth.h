@@ -25,7 +25,7 @@ enum class SynthTokenizer {
 
 struct SynthShape {
     std::string preset = "custom";  // "tiny", "llama2-7b", "llama3-8b", "qwen2-7b", "custom"
-    std::string arch = "llama";     // "llama" or "qwen2" (q/k/v biases)
+    std::string arch = "llama";     // "llama", "qwen2" (q/k/v biases) or "qwen3" (per-head q/k norms)
     int64_t n_vocab = 1024;
     int64_t n_embd = 256;
     int64_t n_layer = 2;
@@ -42,6 +42,7 @@ struct SynthShape {
     int64_t head_dim() const { return n_head > 0 ? n_embd / n_head : 0; }
     int64_t kv_dim() const { return n_head_kv * head_dim(); }
     bool has_qkv_bias() const { return arch == "qwen2"; }
+    bool has_qk_norm() const { return arch == "qwen3"; }
 };
 
 // The named shapes; nullopt for unknown names.

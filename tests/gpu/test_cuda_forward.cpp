@@ -1,7 +1,7 @@
 // The whole model on the CUDA backend against the CPU backend.
 //  - Synthetic tiny llama models of every file type the CUDA backend takes,
-//    and qwen2 (q/k/v biases, tied output): two sequences each prefill a
-//    40-token random prompt, then decode 24 tokens chosen greedily from the
+//    qwen2 (q/k/v biases, tied output) and qwen3 (per-head q/k norms): two
+//    sequences each prefill a 40-token random prompt, then decode 24 tokens chosen greedily from the
 //    CPU's logits, so both backends see the same tokens. Asserted per model:
 //      logits: max |gpu - cpu| / max |cpu| per position <= 2e-3 for float
 //        weights, 2e-2 for quantized ones (activations are quantized the same
@@ -257,7 +257,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"tiny", quant::FileType::Q6_K, kQuantTol},
                       Case{"qwen2", quant::FileType::ALL_F32, kFloatTol},
                       Case{"qwen2", quant::FileType::F16, kFloatTol}, Case{"qwen2", quant::FileType::Q4_K_M, kQuantTol},
-                      Case{"qwen2", quant::FileType::Q8_0, kQuantTol}),
+                      Case{"qwen2", quant::FileType::Q8_0, kQuantTol}, Case{"qwen3", quant::FileType::ALL_F32, kFloatTol},
+                      Case{"qwen3", quant::FileType::Q4_K_M, kQuantTol}),
     [](const ::testing::TestParamInfo<Case>& i) { return case_name(i.param); });
 
 // A sequence's logits do not depend on what else is in the batch: two

@@ -25,11 +25,15 @@ std::vector<float> ReferenceForward::weight(const std::string& name) const {
 
 namespace {
 
-void rms_norm(std::vector<float>& x, const std::vector<float>& w, float eps) {
+void rms_norm_span(float* x, int n, const std::vector<float>& w, float eps) {
     double ss = 0;
-    for (float v : x) ss += double(v) * v;
-    const double inv = 1.0 / std::sqrt(ss / double(x.size()) + eps);
-    for (size_t i = 0; i < x.size(); ++i) x[i] = float(x[i] * inv) * w[i];
+    for (int i = 0; i < n; ++i) ss += double(x[i]) * x[i];
+    const double inv = 1.0 / std::sqrt(ss / double(n) + eps);
+    for (int i = 0; i < n; ++i) x[i] = float(x[i] * inv) * w[size_t(i)];
+}
+
+void rms_norm(std::vector<float>& x, const std::vector<float>& w, float eps) {
+    rms_norm_span(x.data(), int(x.size()), w, eps);
 }
 
 // y[r] = sum_k W[r][k] x[k], W rows of x.size()
@@ -81,6 +85,7 @@ std::vector<std::vector<float>> ReferenceForward::run(const std::vector<int32_t>
         const auto wq = weight(p + "attn_q.weight"), wk = weight(p + "attn_k.weight");
         const auto wv = weight(p + "attn_v.weight"), wo = weight(p + "attn_output.weight");
         const auto bq = weight(p + "attn_q.bias"), bk = weight(p + "attn_k.bias"), bv = weight(p + "attn_v.bias");
+        const auto qn = weight(p + "attn_q_norm.weight"), kn = weight(p + "attn_k_norm.weight");
         const auto wg = weight(p + "ffn_gate.weight"), wu = weight(p + "ffn_up.weight");
         const auto wd = weight(p + "ffn_down.weight");
         for (size_t t = 0; t < xs.size(); ++t) {
@@ -91,6 +96,10 @@ std::vector<std::vector<float>> ReferenceForward::run(const std::vector<int32_t>
             for (size_t i = 0; i < bq.size(); ++i) q[i] += bq[i];
             for (size_t i = 0; i < bk.size(); ++i) k[i] += bk[i];
             for (size_t i = 0; i < bv.size(); ++i) v[i] += bv[i];
+            if (!qn.empty()) {  // qwen3: each head normalised on its own
+                for (int hh = 0; hh < h.n_head; ++hh) rms_norm_span(q.data() + size_t(hh) * hd, hd, qn, h.norm_eps);
+                for (int hh = 0; hh < h.n_head_kv; ++hh) rms_norm_span(k.data() + size_t(hh) * hd, hd, kn, h.norm_eps);
+            }
             rope(q, h.n_head, hd, pos, h.rope, factors);
             rope(k, h.n_head_kv, hd, pos, h.rope, factors);
             auto& kc = k_cache_[size_t(il)];

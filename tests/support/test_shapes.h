@@ -1,6 +1,7 @@
 // The synthetic model shapes the whole-model tests share: "tiny" (the llama
-// preset) and "qwen2" (q/k/v biases, NeoX RoPE, tied output, full multi-head
-// attention, widths that K-quants can split).
+// preset), "qwen2" (q/k/v biases, NeoX RoPE, tied output, full multi-head
+// attention, widths that K-quants can split) and "qwen3" (per-head q/k norms,
+// NeoX RoPE, grouped-query attention, head dim 128).
 #pragma once
 
 #include <cstdint>
@@ -13,6 +14,18 @@ namespace tern::test {
 inline model::SynthShape shape_named(const std::string& name) {
     model::SynthShape s = *model::synth_preset("tiny");
     if (name == "tiny") return s;
+    if (name == "qwen3") {  // per-head q/k norms, NeoX RoPE, GQA, separate output
+        s.preset = "custom";
+        s.arch = "qwen3";
+        s.n_embd = 256;
+        s.n_head = 2;
+        s.n_head_kv = 1;
+        s.n_ff = 512;
+        s.n_layer = 2;
+        s.tokenizer = model::SynthTokenizer::Gpt2Bpe;
+        s.bpe_pre = "qwen2";
+        return s;
+    }
     s.preset = "custom";
     s.arch = "qwen2";
     s.n_embd = 256;
@@ -46,6 +59,16 @@ inline model::SynthShape qwen2_tied_shape() {
     model::SynthShape s = llama_shape(256, 4, 2, 512);
     s.arch = "qwen2";
     s.tied_output = true;
+    s.tokenizer = model::SynthTokenizer::Gpt2Bpe;
+    s.bpe_pre = "qwen2";
+    return s;
+}
+
+// A small qwen3 (per-head q/k norms, NeoX RoPE, head dim 64) whose 4 KV heads
+// divide over two and four ranks.
+inline model::SynthShape qwen3_shape() {
+    model::SynthShape s = llama_shape(512, 8, 4, 1024);
+    s.arch = "qwen3";
     s.tokenizer = model::SynthTokenizer::Gpt2Bpe;
     s.bpe_pre = "qwen2";
     return s;

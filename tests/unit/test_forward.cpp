@@ -1,7 +1,8 @@
 // The llama-family forward pass on the CPU backend against the plain f32
 // reference (tests/support/reference_forward), on synthetic models of every
-// weight type tern writes and two shapes (GQA llama, and qwen2 with biases and
-// tied output); and prefill of N tokens against token-by-token decode.
+// weight type tern writes and three shapes (GQA llama, qwen2 with biases and
+// tied output, qwen3 with per-head q/k norms); and prefill of N tokens against
+// token-by-token decode.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -109,7 +110,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"tiny", quant::FileType::Q2_K, kQuantTol}, Case{"tiny", quant::FileType::Q3_K_M, kQuantTol},
                       Case{"tiny", quant::FileType::Q4_K_M, kQuantTol}, Case{"tiny", quant::FileType::Q5_K_M, kQuantTol},
                       Case{"tiny", quant::FileType::Q6_K, kQuantTol}, Case{"qwen2", quant::FileType::ALL_F32, kFloatTol},
-                      Case{"qwen2", quant::FileType::Q4_K_M, kQuantTol}, Case{"qwen2", quant::FileType::Q8_0, kQuantTol}),
+                      Case{"qwen2", quant::FileType::Q4_K_M, kQuantTol}, Case{"qwen2", quant::FileType::Q8_0, kQuantTol},
+                      Case{"qwen3", quant::FileType::ALL_F32, kFloatTol}, Case{"qwen3", quant::FileType::F16, kFloatTol},
+                      Case{"qwen3", quant::FileType::Q4_K_M, kQuantTol}, Case{"qwen3", quant::FileType::Q8_0, kQuantTol}),
     [](const ::testing::TestParamInfo<Case>& i) {
         return std::string(i.param.shape) + "_" + std::to_string(int(i.param.ftype));
     });
@@ -117,9 +120,11 @@ INSTANTIATE_TEST_SUITE_P(
 // Prefill of a prompt and token-by-token decode of the same tokens compute the
 // same thing row by row, so with batch-invariant kernels they agree exactly.
 TEST(Forward, PrefillEqualsTokenByTokenDecode) {
+  for (const char* shape : {"tiny", "qwen3"}) {
+    SCOPED_TRACE(shape);
     std::random_device rd;
     const uint64_t seed = rd();
-    const std::string path = write_model(Case{"tiny", quant::FileType::Q4_K_M, 0}, seed);
+    const std::string path = write_model(Case{shape, quant::FileType::Q4_K_M, 0}, seed);
     auto file = gguf::File::open(path);
     ASSERT_TRUE(file.ok()) << file.error().message;
     auto be = backend::make_cpu_backend(2);
@@ -147,6 +152,7 @@ TEST(Forward, PrefillEqualsTokenByTokenDecode) {
             ASSERT_EQ(got[j], all[i * nv + j]) << "token " << i << " logit " << j << " seed " << seed;
     }
     std::filesystem::remove(path);
+  }
 }
 
 TEST(Forward, RejectsBadBatches) {

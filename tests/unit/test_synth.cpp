@@ -60,6 +60,8 @@ TEST(Synth, PresetsMatchTheRealParameterCounts) {
     EXPECT_EQ(param_count(*synth_preset("llama2-7b")), 6738415616u);
     EXPECT_EQ(param_count(*synth_preset("llama3-8b")), 8030261248u);
     EXPECT_EQ(param_count(*synth_preset("qwen2-7b")), 7615616512u);
+    EXPECT_EQ(param_count(*synth_preset("qwen3-8b")), 8190735360u);  // Qwen3-8B
+    EXPECT_EQ(synth_tensors(*synth_preset("qwen3-8b")).size(), 36u * 11 + 3);  // q/k norms, no biases
     EXPECT_EQ(synth_tensors(*synth_preset("llama2-7b")).size(), 291u);
     EXPECT_EQ(synth_tensors(*synth_preset("qwen2-7b")).size(), 28u * 12 + 3);
     for (const std::string& name : synth_preset_names()) {

@@ -383,7 +383,9 @@ INSTANTIATE_TEST_SUITE_P(
         TpCase{"llama_gqa_q6_k", test::llama_shape(1024, 8, 4, 1024), quant::FileType::Q6_K, {2, 4}, kQuantTol},
         // qwen2: q/k/v biases shard with their rows; tied output (the embedding's rows).
         TpCase{"qwen2_f32", test::qwen2_tied_shape(), quant::FileType::ALL_F32, {2}, kFloatTol},
-        TpCase{"qwen2_q8_0", test::qwen2_tied_shape(), quant::FileType::Q8_0, {2}, kQuantTol}),
+        TpCase{"qwen2_q8_0", test::qwen2_tied_shape(), quant::FileType::Q8_0, {2}, kQuantTol},
+        // Per-head q/k norms: replicated on every rank, applied to its own heads.
+        TpCase{"qwen3_q8_0", test::qwen3_shape(), quant::FileType::Q8_0, {2, 4}, kQuantTol}),
     [](const ::testing::TestParamInfo<TpCase>& i) { return std::string(i.param.name); });
 
 // A batch one rank rejects ends the call on every rank with that error (no
