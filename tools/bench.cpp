@@ -359,7 +359,7 @@ nlohmann::ordered_json to_json(const ModelInfo& m, const TestRun& t) {
 // --batched takes one thread count and one batch size, and its own lists
 // instead of -p/-n; a flag of the other mode is an error, never ignored.
 void run_batched(const BenchCliOptions& o, const CLI::App& cmd) {
-    for (const char* flag : {"-p", "-n"})
+    for (const char* flag : {"-p", "-n", "-d"})
         if (cmd.count(flag) > 0)
             fail(kCmd, std::string(flag) + " is not a --batched option (use --npp, --ntg and --npl)");
     const std::vector<int> threads = o.threads.empty() ? std::vector<int>{0} : parse_list(kCmd, "-t", o.threads, 0);
@@ -408,7 +408,8 @@ void run_bench(const BenchCliOptions& o, const CLI::App& cmd) {
         ModelFlags mf = o.model;
         mf.threads = threads[ti];
         mf.batch = *std::max_element(batches.begin(), batches.end());
-        const double host_gbps = any_gen ? measure_host_copy_gbps(threads[ti]) : 0;
+        // Not needed when the GPU was asked for: its rate is measured on the device.
+        const double host_gbps = any_gen && o.model.backend != "cuda" ? measure_host_copy_gbps(threads[ti]) : 0;
         std::unique_ptr<runtime::Engine> engine = open_engine(kCmd, path, mf, n_ctx);
         const uint64_t device_bytes = engine->device_bytes();
         const double copy_gbps = any_gen ? copy_gbps_for(*engine, host_gbps) : 0;

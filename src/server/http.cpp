@@ -45,7 +45,6 @@ const char* reason(int status) {
         case 400: return "Bad Request";
         case 401: return "Unauthorized";
         case 404: return "Not Found";
-        case 408: return "Request Timeout";
         case 413: return "Payload Too Large";
         case 431: return "Request Header Fields Too Large";
         case 500: return "Internal Server Error";

@@ -362,6 +362,7 @@ def test_bench_batched_rows():
 
 @pytest.mark.parametrize("args, needle", [
     (["--batched", "-p", 8], "-p is not a --batched option"),
+    (["--batched", "-d", 64], "-d is not a --batched option"),
     (["--npl", 4], "--npl needs --batched"),
     (["--batched", "--npl", "0"], "--npl: 0 is below 1"),
     (["--batched", "-t", "1,2"], "--batched takes one thread count"),

@@ -11,34 +11,6 @@
 
 namespace tern::test {
 
-inline model::SynthShape shape_named(const std::string& name) {
-    model::SynthShape s = *model::synth_preset("tiny");
-    if (name == "tiny") return s;
-    if (name == "qwen3") {  // per-head q/k norms, NeoX RoPE, GQA, separate output
-        s.preset = "custom";
-        s.arch = "qwen3";
-        s.n_embd = 256;
-        s.n_head = 2;
-        s.n_head_kv = 1;
-        s.n_ff = 512;
-        s.n_layer = 2;
-        s.tokenizer = model::SynthTokenizer::Gpt2Bpe;
-        s.bpe_pre = "qwen2";
-        return s;
-    }
-    s.preset = "custom";
-    s.arch = "qwen2";
-    s.n_embd = 256;
-    s.n_head = 2;
-    s.n_head_kv = 2;
-    s.n_ff = 768;
-    s.n_layer = 3;
-    s.tied_output = true;
-    s.tokenizer = model::SynthTokenizer::Gpt2Bpe;
-    s.bpe_pre = "qwen2";
-    return s;
-}
-
 // A two-layer llama with a 1024-token vocabulary and the given widths (the
 // tensor-parallel tests pick widths that divide over their ranks).
 inline model::SynthShape llama_shape(int64_t n_embd, int64_t n_head, int64_t n_head_kv, int64_t n_ff) {
@@ -53,25 +25,36 @@ inline model::SynthShape llama_shape(int64_t n_embd, int64_t n_head, int64_t n_h
     return s;
 }
 
-// A small qwen2 (q/k/v biases, NeoX RoPE, tied output) whose 2 KV heads and
-// widths divide over two ranks.
-inline model::SynthShape qwen2_tied_shape() {
-    model::SynthShape s = llama_shape(256, 4, 2, 512);
-    s.arch = "qwen2";
-    s.tied_output = true;
+// The shape as a Qwen architecture ("qwen2" or "qwen3"), with Qwen's
+// byte-level BPE vocabulary.
+inline model::SynthShape as_qwen(model::SynthShape s, const std::string& arch) {
+    s.arch = arch;
     s.tokenizer = model::SynthTokenizer::Gpt2Bpe;
     s.bpe_pre = "qwen2";
     return s;
 }
 
-// A small qwen3 (per-head q/k norms, NeoX RoPE, head dim 64) whose 4 KV heads
-// divide over two and four ranks.
-inline model::SynthShape qwen3_shape() {
-    model::SynthShape s = llama_shape(512, 8, 4, 1024);
-    s.arch = "qwen3";
-    s.tokenizer = model::SynthTokenizer::Gpt2Bpe;
-    s.bpe_pre = "qwen2";
+inline model::SynthShape shape_named(const std::string& name) {
+    model::SynthShape s = *model::synth_preset("tiny");
+    if (name == "tiny") return s;
+    // per-head q/k norms, NeoX RoPE, GQA, head dim 128, separate output
+    if (name == "qwen3") return as_qwen(llama_shape(256, 2, 1, 512), "qwen3");
+    s = as_qwen(llama_shape(256, 2, 2, 768), "qwen2");
+    s.n_layer = 3;
+    s.tied_output = true;
     return s;
 }
+
+// A small qwen2 (q/k/v biases, NeoX RoPE, tied output) whose 2 KV heads and
+// widths divide over two ranks.
+inline model::SynthShape qwen2_tied_shape() {
+    model::SynthShape s = as_qwen(llama_shape(256, 4, 2, 512), "qwen2");
+    s.tied_output = true;
+    return s;
+}
+
+// A small qwen3 (per-head q/k norms, NeoX RoPE, head dim 64) whose 4 KV heads
+// divide over two and four ranks.
+inline model::SynthShape qwen3_shape() { return as_qwen(llama_shape(512, 8, 4, 1024), "qwen3"); }
 
 }  // namespace tern::test
