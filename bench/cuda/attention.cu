@@ -110,7 +110,7 @@ CaseResult run_case(const Heads& h, const Case& c, int64_t l2, uint64_t seed, cu
 
     auto launch = [&](int slot, int s) {
         const int32_t* slot_of_tokens = dslots.get() + size_t(slot) * size_t(c.n_tokens);
-        cuda::attention(layer, dq[s].get(), c.n_tokens, h.n_heads, scale, slot_of_tokens, dpos.get(), dout[s].get(),
+        cuda::attention(layer, dq[s].get(), c.n_tokens, h.n_heads, scale, /*window=*/0, slot_of_tokens, dpos.get(), dout[s].get(),
                         workspace.get(), kind, stream);
     };
 

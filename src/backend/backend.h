@@ -114,11 +114,17 @@ public:
     virtual void rope(Tensor x, int n_heads, int head_dim, const RopeParams& rope) = 0;
     // Writes K and V rows of the current batch into the cache at (slot, pos).
     virtual void kv_store(int layer, Tensor k, Tensor v) = 0;
-    // out[t] = softmax(q[t] K^T * scale) V over positions 0..pos[t] of slot[t], per head,
+    // out[t] = softmax(q[t] K^T * scale) V over positions first..pos[t] of slot[t], per head,
     // with grouped-query heads (n_heads / n_kv_heads query heads share a KV head).
-    virtual void attention(int layer, Tensor q, int n_heads, float scale, Tensor out) = 0;
+    // window 0: first = 0; window w > 0 (sliding-window layers): first = max(0, pos[t] - w + 1),
+    // the last w positions.
+    virtual void attention(int layer, Tensor q, int n_heads, float scale, int window, Tensor out) = 0;
     // gate = silu(gate) * up
     virtual void swiglu(Tensor gate, Tensor up) = 0;
+    // gate = gelu(gate) * up, GELU in its tanh form (Gemma's gelu_pytorch_tanh)
+    virtual void geglu(Tensor gate, Tensor up) = 0;
+    // x *= s
+    virtual void scale(Tensor x, float s) = 0;
     // x += y
     virtual void add(Tensor x, Tensor y) = 0;
     // out[i] = x[rows[i]]

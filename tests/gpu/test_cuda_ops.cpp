@@ -390,11 +390,16 @@ TEST_F(CudaOps, AttentionMatchesCpu) {
         const size_t ws_floats = cuda::attention_workspace_bytes(kMaxBatch, c.n_heads, c.head_dim, kCtx) / sizeof(float);
         DeviceBuffer<float> workspace(ws_floats);
 
-        for (size_t b = 0; b < batches.size(); ++b) {
+        // Every batch with all of each token's context, then with a sliding
+        // window of 200 (not a multiple of the chunk or the segment).
+        for (size_t bw = 0; bw < 2 * batches.size(); ++bw) {
+            const size_t b = bw % batches.size();
+            const int window = bw < batches.size() ? 0 : 200;
             const auto& batch = batches[b];
             const int64_t n_tokens = int64_t(batch.size());
             const bool splits = cuda::attention_splits(n_tokens, c.n_heads, c.head_dim, kCtx, cuda::AttnBatch::Prefill);
-            SCOPED_TRACE("batch " + std::to_string(b) + (splits ? " (split)" : " (direct)"));
+            SCOPED_TRACE("batch " + std::to_string(b) + (splits ? " (split)" : " (direct)") + " window " +
+                         std::to_string(window));
             std::vector<int32_t> slot, pos;
             for (const auto& [s, p] : batch) {
                 slot.push_back(s);
@@ -413,7 +418,7 @@ TEST_F(CudaOps, AttentionMatchesCpu) {
                 DeviceBuffer<float> dout(size_t(n) * row + kGuard);
                 dout.poison();
                 workspace.poison();
-                cuda::attention(layer, dq.get() + first * int64_t(row), n, c.n_heads, scale, dslot.get() + first,
+                cuda::attention(layer, dq.get() + first * int64_t(row), n, c.n_heads, scale, window, dslot.get() + first,
                                 dpos.get() + first, dout.get(), allow_split ? workspace.get() : nullptr, kind, nullptr);
                 ASSERT_NO_FATAL_FAILURE(sync_ok());
                 result = dout.download();
@@ -454,9 +459,11 @@ TEST_F(CudaOps, AttentionMatchesCpu) {
                 const int kvh = int(i % c.n_kv_heads);
                 if (pos[t] >= kCtx) continue;
                 const size_t first = t * row + size_t(kvh) * size_t(group) * hd;  // first query head of the group
-                const size_t at = size_t(slot[t]) * slot_stride;
-                backend::cpu::attention_kv_group(q.data() + first, group, k.data() + at, v.data() + at, pos[t] + 1,
-                                                 kvh, c.n_kv_heads, c.head_dim, scale, want.data() + first);
+                const int from = window > 0 ? std::max(0, pos[t] - window + 1) : 0;
+                const size_t at = size_t(slot[t]) * slot_stride + size_t(from) * pos_stride;
+                backend::cpu::attention_kv_group(q.data() + first, group, k.data() + at, v.data() + at,
+                                                 pos[t] + 1 - from, kvh, c.n_kv_heads, c.head_dim, scale,
+                                                 want.data() + first);
             }
 
             const double tol = 2e-5 * max_abs(want);

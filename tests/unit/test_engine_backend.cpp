@@ -135,10 +135,12 @@ public:
         cpu_->rope(x, n_heads, head_dim, r);
     }
     void kv_store(int layer, backend::Tensor k, backend::Tensor v) override { cpu_->kv_store(layer, k, v); }
-    void attention(int layer, backend::Tensor q, int n_heads, float scale, backend::Tensor out) override {
-        cpu_->attention(layer, q, n_heads, scale, out);
+    void attention(int layer, backend::Tensor q, int n_heads, float scale, int window, backend::Tensor out) override {
+        cpu_->attention(layer, q, n_heads, scale, window, out);
     }
     void swiglu(backend::Tensor gate, backend::Tensor up) override { cpu_->swiglu(gate, up); }
+    void geglu(backend::Tensor gate, backend::Tensor up) override { cpu_->geglu(gate, up); }
+    void scale(backend::Tensor x, float s) override { cpu_->scale(x, s); }
     void add(backend::Tensor x, backend::Tensor y) override { cpu_->add(x, y); }
     void gather_rows(backend::Tensor x, const std::vector<int32_t>& rows, backend::Tensor out) override {
         cpu_->gather_rows(x, rows, out);

@@ -3,6 +3,7 @@
 // [layer][slot][pos][kv_head][head_dim].
 #include <omp.h>
 
+#include <algorithm>
 #include <cstring>
 #include <deque>
 #include <optional>
@@ -143,7 +144,7 @@ public:
         }
     }
 
-    void attention(int layer, Tensor q, int n_heads, float scale, Tensor out) override {
+    void attention(int layer, Tensor q, int n_heads, float scale, int window, Tensor out) override {
         const KvCacheShape& s = kv_shape_;
         const int group = n_heads / s.n_kv_heads;
         const int64_t work = q.rows * s.n_kv_heads;
@@ -152,15 +153,18 @@ public:
         for (int64_t i = 0; i < work; ++i) {
             const int64_t t = i / s.n_kv_heads;
             const int kvh = int(i % s.n_kv_heads);
-            const size_t at = kv_offset(layer, layout_.slot[size_t(t)], 0);
+            const int pos = layout_.pos[size_t(t)];
+            const int from = window > 0 ? std::max(0, pos - window + 1) : 0;
+            const size_t at = kv_offset(layer, layout_.slot[size_t(t)], from);
             const int64_t first = int64_t(kvh) * group * s.head_dim;  // first query head of the group
-            cpu::attention_kv_group(q.row(t) + first, group, k_.data() + at, v_.data() + at,
-                                    layout_.pos[size_t(t)] + 1, kvh, s.n_kv_heads, s.head_dim, scale,
-                                    out.row(t) + first);
+            cpu::attention_kv_group(q.row(t) + first, group, k_.data() + at, v_.data() + at, pos + 1 - from,
+                                    kvh, s.n_kv_heads, s.head_dim, scale, out.row(t) + first);
         }
     }
 
     void swiglu(Tensor gate, Tensor up) override { cpu::swiglu(gate.data, up.data, gate.rows * gate.cols); }
+    void geglu(Tensor gate, Tensor up) override { cpu::geglu(gate.data, up.data, gate.rows * gate.cols); }
+    void scale(Tensor x, float s) override { cpu::scale(x.data, s, x.rows * x.cols); }
 
     void add(Tensor x, Tensor y) override {
         const int64_t n = x.rows * x.cols;

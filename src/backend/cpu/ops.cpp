@@ -70,6 +70,20 @@ void swiglu(float* gate, const float* up, int64_t n) {
     }
 }
 
+void geglu(float* gate, const float* up, int64_t n) {
+    constexpr float kSqrt2OverPi = 0.7978845608028654f;
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+    for (int64_t i = 0; i < n; ++i) {
+        const float g = gate[i];
+        gate[i] = 0.5f * g * (1.0f + std::tanh(kSqrt2OverPi * (g + 0.044715f * g * g * g))) * up[i];
+    }
+}
+
+void scale(float* x, float s, int64_t n) {
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+    for (int64_t i = 0; i < n; ++i) x[i] *= s;
+}
+
 namespace {
 
 #if defined(__x86_64__)

@@ -20,6 +20,12 @@ void rope(float* x, int64_t rows, int n_heads, int head_dim, const int32_t* pos,
 // gate = silu(gate) * up, elementwise over n values.
 void swiglu(float* gate, const float* up, int64_t n);
 
+// gate = gelu(gate) * up with GELU's tanh form: 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))).
+void geglu(float* gate, const float* up, int64_t n);
+
+// x *= s over n values.
+void scale(float* x, float s, int64_t n);
+
 // Attention of the n_q query heads that share KV head kv_head (q and out hold
 // them back to back) over a run of cached positions: K and V are f16 laid out
 // [pos][n_kv_heads][head_dim]. Each position's K and V rows are converted once

@@ -48,6 +48,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <string_view>
@@ -83,8 +84,17 @@ struct AttnShape {
     int warps = 0;    // query heads per CTA: min(group, kMaxWarps)
     int chunks = 0;   // CTAs per (token or tile, KV head): ceil(group / warps)
     int seg_len = 0;  // positions per segment (segment_length of the cache)
+    int window = 0;   // sliding window: the last `window` positions (0: all)
     float scale = 0.0f;
 };
+
+// A token's first position in its context: 0, or the window's start. Chunks
+// and segments stay aligned to absolute positions, so a token whose window
+// begins inside a chunk masks that chunk's lanes below it, and chunks and
+// segments wholly before it are skipped; every kernel does the same.
+__device__ __forceinline__ int context_first(int last, int window) {
+    return window > 0 ? max(0, last - window + 1) : 0;
+}
 
 __device__ float warp_max(float v) {
     for (int o = kWarp / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
@@ -211,15 +221,17 @@ struct Softmax {
 };
 
 // Folds the chunk's dots (position p's on lane p) into m and l and rescales
-// acc. Returns this lane's unnormalised probability (0 past n_valid).
+// acc. Lanes lo..n_valid-1 hold positions of the context (lo < n_valid).
+// Returns this lane's unnormalised probability (0 outside them).
 template <int D>
-__device__ float fold_scores(float dot, int n_valid, float scale, int lane, Softmax<D>& st) {
+__device__ float fold_scores(float dot, int lo, int n_valid, float scale, int lane, Softmax<D>& st) {
     // Rounded operations spelled out: nvcc contracts a * b + c into an fma
     // where it sees fit, which could differ between the kernels that inline this.
-    const float score = lane < n_valid ? __fmul_rn(dot, scale) : -INFINITY;
+    const bool valid = lane >= lo && lane < n_valid;
+    const float score = valid ? __fmul_rn(dot, scale) : -INFINITY;
     const float m_new = fmaxf(st.m, warp_max(score));
     const float correction = expf(__fsub_rn(st.m, m_new));  // exp(-inf) = 0 on the first chunk
-    const float w = lane < n_valid ? expf(__fsub_rn(score, m_new)) : 0.0f;
+    const float w = valid ? expf(__fsub_rn(score, m_new)) : 0.0f;
     st.l = __fadd_rn(__fmul_rn(st.l, correction), warp_sum(w));
 #pragma unroll
     for (int c = 0; c < D; ++c) st.acc[c] = __fmul_rn(st.acc[c], correction);
@@ -227,17 +239,18 @@ __device__ float fold_scores(float dot, int n_valid, float scale, int lane, Soft
     return w;
 }
 
-// First half of a chunk of n_valid (1..32, warp-uniform) positions: scores
-// them, folds them into m and l and rescales acc. Returns this lane's
-// unnormalised probability (0 past n_valid).
+// First half of a chunk whose rows lo..n_valid-1 (0 <= lo < n_valid <= 32,
+// warp-uniform) are positions of the context: scores them, folds them into m
+// and l and rescales acc. Returns this lane's unnormalised probability (0
+// outside them).
 template <int D, class Rows>
-__device__ float score_chunk(const float (&q)[D], const Rows& k_rows, int n_valid, float scale, int lane,
+__device__ float score_chunk(const float (&q)[D], const Rows& k_rows, int lo, int n_valid, float scale, int lane,
                              Softmax<D>& st) {
     float part[kWarp];
 #pragma unroll
     for (int j = 0; j < kWarp; ++j) {
         part[j] = 0.0f;
-        if (j < n_valid) {
+        if (j >= lo && j < n_valid) {
             float kk[D];
             k_rows.template load<D>(j, lane, kk);
             float dot = 0.0f;
@@ -246,15 +259,15 @@ __device__ float score_chunk(const float (&q)[D], const Rows& k_rows, int n_vali
             part[j] = dot;
         }
     }
-    return fold_scores<D>(transpose_sum(part, lane), n_valid, scale, lane, st);
+    return fold_scores<D>(transpose_sum(part, lane), lo, n_valid, scale, lane, st);
 }
 
-// Second half: acc += w_j * V row j for j in order.
+// Second half: acc += w_j * V row j for j = lo..n_valid-1 in order.
 template <int D, class Rows>
-__device__ void accumulate_chunk(float w, const Rows& v_rows, int n_valid, int lane, Softmax<D>& st) {
+__device__ void accumulate_chunk(float w, const Rows& v_rows, int lo, int n_valid, int lane, Softmax<D>& st) {
 #pragma unroll
     for (int j = 0; j < kWarp; ++j) {
-        if (j < n_valid) {
+        if (j >= lo && j < n_valid) {
             const float wj = __shfl_sync(kFullMask, w, j);
             float vv[D];
             v_rows.template load<D>(j, lane, vv);
@@ -264,14 +277,17 @@ __device__ void accumulate_chunk(float w, const Rows& v_rows, int n_valid, int l
     }
 }
 
-// Positions begin..end-1 (begin a multiple of kChunk) read from global memory.
+// Positions max(first, begin)..end-1 (begin a multiple of kChunk) read from
+// global memory, in chunks aligned to begin.
 template <int D>
 __device__ void attend_global(const float (&q)[D], const uint16_t* k_rows, const uint16_t* v_rows, int64_t stride,
-                              int begin, int end, float scale, int lane, Softmax<D>& st) {
+                              int first, int begin, int end, float scale, int lane, Softmax<D>& st) {
     for (int p0 = begin; p0 < end; p0 += kChunk) {
+        if (p0 + kChunk <= first) continue;  // wholly before the window
+        const int lo = max(0, first - p0);
         const int n_valid = min(kChunk, end - p0);
-        const float w = score_chunk<D>(q, GlobalRows{k_rows + p0 * stride, stride}, n_valid, scale, lane, st);
-        accumulate_chunk<D>(w, GlobalRows{v_rows + p0 * stride, stride}, n_valid, lane, st);
+        const float w = score_chunk<D>(q, GlobalRows{k_rows + p0 * stride, stride}, lo, n_valid, scale, lane, st);
+        accumulate_chunk<D>(w, GlobalRows{v_rows + p0 * stride, stride}, lo, n_valid, lane, st);
     }
 }
 
@@ -289,13 +305,14 @@ __device__ void merge_segment(Softmax<D>& total, Softmax<D>& seg) {
     seg = Softmax<D>();
 }
 
-// Positions 0..end-1 segment by segment, merged into total.
+// Positions first..end-1 segment by segment (segments before first's skipped:
+// they hold no position), merged into total.
 template <int D>
 __device__ void attend_segments(const float (&q)[D], const uint16_t* k_rows, const uint16_t* v_rows, int64_t stride,
-                                int end, int seg_len, float scale, int lane, Softmax<D>& total) {
-    for (int begin = 0; begin < end; begin += seg_len) {
+                                int first, int end, int seg_len, float scale, int lane, Softmax<D>& total) {
+    for (int begin = first / seg_len * seg_len; begin < end; begin += seg_len) {
         Softmax<D> st;
-        attend_global<D>(q, k_rows, v_rows, stride, begin, min(end, begin + seg_len), scale, lane, st);
+        attend_global<D>(q, k_rows, v_rows, stride, first, begin, min(end, begin + seg_len), scale, lane, st);
         merge_segment<D>(total, st);
     }
 }
@@ -340,6 +357,7 @@ __global__ void __launch_bounds__(kMaxWarps * kWarp, 2)
             for (int d = lane; d < hd; d += kWarp) out[row * hd + d] = NAN;
         return;
     }
+    const int first = context_first(last, sh.window);
     const uint16_t* k_rows = slot_rows(kv.k, kv, s, kvh);
     const uint16_t* v_rows = slot_rows(kv.v, kv, s, kvh);
     const int64_t stride = int64_t(kv.n_kv_heads) * hd;
@@ -347,15 +365,16 @@ __global__ void __launch_bounds__(kMaxWarps * kWarp, 2)
     if (part.acc == nullptr) {
         load_q<D>(q + row * hd, lane, qr);
         Softmax<D> total;
-        attend_segments<D>(qr, k_rows, v_rows, stride, last + 1, sh.seg_len, sh.scale, lane, total);
+        attend_segments<D>(qr, k_rows, v_rows, stride, first, last + 1, sh.seg_len, sh.scale, lane, total);
         write_output<D>(total, out + row * hd, lane);
     } else {
         const int begin = int(blockIdx.y) * sh.seg_len;
-        if (begin > last) return;  // segment past this token's context: the combine does not read it
+        // A segment outside this token's context: the combine does not read it.
+        if (begin > last || begin + sh.seg_len <= first) return;
         const int end = min(last + 1, begin + sh.seg_len);  // begin + seg_len <= n_seg * seg_len: no overflow
         load_q<D>(q + row * hd, lane, qr);
         Softmax<D> st;
-        attend_global<D>(qr, k_rows, v_rows, stride, begin, end, sh.scale, lane, st);
+        attend_global<D>(qr, k_rows, v_rows, stride, first, begin, end, sh.scale, lane, st);
         const int64_t r = row * part.n_seg + blockIdx.y;
 #pragma unroll
         for (int c = 0; c < D; ++c) part.acc[r * hd + lane * D + c] = st.acc[c];
@@ -443,7 +462,7 @@ __global__ void __launch_bounds__(kPrefillWarps * kWarp)
                              const int32_t* slot, const int32_t* pos, float* out) {
     constexpr int T = PrefillTokens<D>::per_warp;
     __shared__ __align__(16) float tile[kChunk * kMaxHeadDim];  // K, then V, of one chunk
-    __shared__ int tile_slot, tile_end, tile_mixed;
+    __shared__ int tile_slot, tile_begin, tile_end, tile_mixed;
     const int warp = int(threadIdx.x) / kWarp, lane = int(threadIdx.x) % kWarp;
     const int64_t cta = blockIdx.x;
     const int chunk = int(cta % sh.chunks);
@@ -455,32 +474,36 @@ __global__ void __launch_bounds__(kPrefillWarps * kWarp)
 
     // Output row of the warp's token i (registers are scarce: recomputed, not kept).
     auto row_of = [&](int i) { return (first + i) * sh.n_heads + int64_t(kvh) * sh.group + g; };
-    // Per token of the warp: its context end (0: not computed here).
-    int end[T];
+    // Per token of the warp: its context begin and end (end 0: not computed here).
+    int begin[T], end[T];
 #pragma unroll
     for (int i = 0; i < T; ++i) {
         const int64_t t = first + i;
-        end[i] = 0;
+        begin[i] = end[i] = 0;
         if (t >= n_tokens || g >= sh.group) continue;
         const int32_t s = slot[t], last = pos[t];
         if (!in_cache(kv, s, last)) {
             for (int d = lane; d < hd; d += kWarp) out[row_of(i) * hd + d] = NAN;
             continue;
         }
+        begin[i] = context_first(last, sh.window);
         end[i] = last + 1;
     }
 
-    // Which slot the tile's cached tokens share, and how far the furthest reaches.
+    // Which slot the tile's cached tokens share, where the earliest context
+    // begins (in whole chunks) and how far the furthest reaches.
     if (threadIdx.x == 0) {
-        int first_slot = -1, furthest = 0, mixed = 0;
+        int first_slot = -1, earliest = INT_MAX, furthest = 0, mixed = 0;
         for (int64_t u = t0; u < t0 + tile_tokens && u < n_tokens; ++u) {
             const int32_t su = slot[u], pu = pos[u];
             if (!in_cache(kv, su, pu)) continue;
             if (first_slot < 0) first_slot = su;
             mixed |= su != first_slot;
+            earliest = min(earliest, context_first(pu, sh.window));
             furthest = max(furthest, pu + 1);
         }
         tile_slot = first_slot;
+        tile_begin = first_slot < 0 ? 0 : earliest / kChunk * kChunk;
         tile_end = furthest;
         tile_mixed = mixed;
     }
@@ -498,8 +521,8 @@ __global__ void __launch_bounds__(kPrefillWarps * kWarp)
         for (int i = 0; i < T; ++i)
             if (end[i] > 0) {
                 const int32_t s = slot[first + i];
-                attend_segments<D>(qr[i], slot_rows(kv.k, kv, s, kvh), slot_rows(kv.v, kv, s, kvh), stride, end[i],
-                                   sh.seg_len, sh.scale, lane, total[i]);
+                attend_segments<D>(qr[i], slot_rows(kv.k, kv, s, kvh), slot_rows(kv.v, kv, s, kvh), stride,
+                                   begin[i], end[i], sh.seg_len, sh.scale, lane, total[i]);
             }
     } else {
         Softmax<D> st[T];  // the current segment's state
@@ -509,9 +532,10 @@ __global__ void __launch_bounds__(kPrefillWarps * kWarp)
         int warp_end = 0;  // warp-uniform
 #pragma unroll
         for (int i = 0; i < T; ++i) warp_end = max(warp_end, end[i]);
-        for (int p0 = 0; p0 < tile_end; p0 += kChunk) {
+        for (int p0 = tile_begin; p0 < tile_end; p0 += kChunk) {
             const int n = min(kChunk, tile_end - p0);
             const bool mine = p0 < warp_end;  // warp-uniform
+            // (A token's segments before its window hold fresh states: merging them changes nothing.)
             if (p0 > 0 && p0 % sh.seg_len == 0) {
 #pragma unroll
                 for (int i = 0; i < T; ++i) merge_segment<D>(total[i], st[i]);
@@ -519,15 +543,19 @@ __global__ void __launch_bounds__(kPrefillWarps * kWarp)
             __syncthreads();  // every warp is done with the previous V
             stage_rows(k_rows, stride, p0, n, hd, tile);
             __syncthreads();
-            int n_valid[T] = {};
+            int lo[T] = {}, n_valid[T] = {};
             float w[T] = {};
             if (mine) {
                 float dots[T];
                 dots_chunk<D, T>(qr, rows, min(n, warp_end - p0), lane, dots);
 #pragma unroll
                 for (int i = 0; i < T; ++i) {
-                    n_valid[i] = min(kChunk, end[i] - p0);  // <= 0: the token's context ended before
-                    w[i] = n_valid[i] > 0 ? fold_scores<D>(dots[i], n_valid[i], sh.scale, lane, st[i]) : 0.0f;
+                    // Rows lo..n_valid-1 of the chunk are the token's; none when its
+                    // context ended before the chunk or its window begins after it.
+                    lo[i] = max(0, begin[i] - p0);
+                    n_valid[i] = min(kChunk, end[i] - p0);
+                    if (lo[i] >= n_valid[i]) lo[i] = n_valid[i] = 0;
+                    w[i] = n_valid[i] > 0 ? fold_scores<D>(dots[i], lo[i], n_valid[i], sh.scale, lane, st[i]) : 0.0f;
                 }
             }
             __syncthreads();  // every warp is done with K
@@ -542,7 +570,7 @@ __global__ void __launch_bounds__(kPrefillWarps * kWarp)
                     rows.template load<D>(j, lane, vv);
 #pragma unroll
                     for (int i = 0; i < T; ++i) {
-                        if (j < n_valid[i]) {
+                        if (j >= lo[i] && j < n_valid[i]) {
                             const float wj = __shfl_sync(kFullMask, w[i], j);
 #pragma unroll
                             for (int c = 0; c < D; ++c) st[i].acc[c] = fmaf(wj, vv[c], st[i].acc[c]);
@@ -564,7 +592,7 @@ __global__ void __launch_bounds__(kPrefillWarps * kWarp)
 // direct kernels merge them. Every thread computes the same running max and
 // denominator from the same values, so they agree bit for bit.
 __global__ void attention_combine_kernel(KvLayer kv, int n_heads, int head_dim, const int32_t* slot,
-                                         const int32_t* pos, Partials part, int seg_len, float* out) {
+                                         const int32_t* pos, Partials part, int seg_len, int window, float* out) {
     const int64_t row = blockIdx.x;
     const int64_t t = row / n_heads;
     const int d = int(threadIdx.x);
@@ -576,7 +604,8 @@ __global__ void attention_combine_kernel(KvLayer kv, int n_heads, int head_dim, 
     const int n_seg = last / seg_len + 1;  // <= part.n_seg since last < n_ctx
     const int64_t r0 = row * part.n_seg;
     float m = -INFINITY, l = 0.0f, a = 0.0f;
-    for (int i = 0; i < n_seg; ++i) {
+    // Segments before the window's were not written (and hold no position).
+    for (int i = context_first(last, window) / seg_len; i < n_seg; ++i) {
         const float seg_m = part.m[r0 + i];
         if (seg_m == -INFINITY) continue;  // no position (never for a segment up to pos; kept as the kernels do)
         const MergeWeights w = merge_weights(m, seg_m);
@@ -647,9 +676,9 @@ Partials split_partials(float* workspace, int64_t n_tokens, int n_heads, const K
 
 // The combine of either implementation's split partials: a CTA per (token, head) row.
 void combine(const KvLayer& kv, int64_t n_tokens, int n_heads, const int32_t* slot, const int32_t* pos,
-             const Partials& part, int seg_len, float* out, cudaStream_t stream) {
+             const Partials& part, int seg_len, int window, float* out, cudaStream_t stream) {
     attention_combine_kernel<<<unsigned(n_tokens * n_heads), unsigned(kv.head_dim), 0, stream>>>(
-        kv, n_heads, kv.head_dim, slot, pos, part, seg_len, out);
+        kv, n_heads, kv.head_dim, slot, pos, part, seg_len, window, out);
 }
 
 // CUDA-core kernels: split segments, a CTA per token (decode batches: their
@@ -664,7 +693,7 @@ void launch(const KvLayer& kv, const float* q, int64_t n_tokens, const AttnShape
         const Partials part = split_partials(workspace, n_tokens, sh.n_heads, kv);
         attention_decode_kernel<D><<<dim3(token_ctas, unsigned(part.n_seg)), threads, 0, stream>>>(kv, q, sh, slot,
                                                                                                   pos, out, part);
-        combine(kv, n_tokens, sh.n_heads, slot, pos, part, sh.seg_len, out, stream);
+        combine(kv, n_tokens, sh.n_heads, slot, pos, part, sh.seg_len, sh.window, out, stream);
     } else if (n_tokens == 1 || kind == AttnBatch::Decode) {
         attention_decode_kernel<D><<<dim3(token_ctas, 1), threads, 0, stream>>>(kv, q, sh, slot, pos, out,
                                                                                 Partials{});
@@ -700,7 +729,7 @@ void launch_mma(const KvLayer& kv, const float* q, int64_t n_tokens, int n_heads
     const Partials part = split ? split_partials(workspace, n_tokens, n_heads, kv) : Partials{};
     const int seg = segment_length(kv.n_ctx);
     attn::attention_mma(kv, q, n_tokens, n_heads, scale, slot, pos, out, part, seg, tile_tokens, stream);
-    if (split) combine(kv, n_tokens, n_heads, slot, pos, part, seg, out, stream);
+    if (split) combine(kv, n_tokens, n_heads, slot, pos, part, seg, /*window=*/0, out, stream);
 }
 
 }  // namespace
@@ -724,8 +753,9 @@ size_t attention_workspace_bytes(int64_t n_tokens, int n_heads, int head_dim, in
     return size_t(tokens) * split_bytes_per_token(n_heads, head_dim, n_ctx);
 }
 
-void attention(const KvLayer& kv, const float* q, int64_t n_tokens, int n_heads, float scale, const int32_t* slot,
-               const int32_t* pos, float* out, float* workspace, AttnBatch kind, cudaStream_t stream) {
+void attention(const KvLayer& kv, const float* q, int64_t n_tokens, int n_heads, float scale, int window,
+               const int32_t* slot, const int32_t* pos, float* out, float* workspace, AttnBatch kind,
+               cudaStream_t stream) {
     if (n_tokens <= 0 || kv.n_ctx <= 0 || !attention_supported(n_heads, kv.n_kv_heads, kv.head_dim)) return;
     AttnShape sh;
     sh.n_heads = n_heads;
@@ -735,9 +765,12 @@ void attention(const KvLayer& kv, const float* q, int64_t n_tokens, int n_heads,
     sh.warps = sh.group < kMaxWarps ? sh.group : kMaxWarps;
     sh.chunks = (sh.group + sh.warps - 1) / sh.warps;
     sh.seg_len = segment_length(kv.n_ctx);
+    sh.window = window > 0 && window < kv.n_ctx ? window : 0;  // a window as long as the cache is all of it
     sh.scale = scale;
     const bool split = workspace != nullptr && attention_splits(n_tokens, n_heads, kv.head_dim, kv.n_ctx, kind);
-    if (tensor_cores_on() && attn::mma_takes(sh.group, kv.head_dim)) {
+    // Sliding-window layers stay on the CUDA-core kernels, prefill and decode
+    // alike (a layer's choice, never the batch's), which skip whole chunks before the window.
+    if (sh.window == 0 && tensor_cores_on() && attn::mma_takes(sh.group, kv.head_dim)) {
         launch_mma(kv, q, n_tokens, n_heads, scale, slot, pos, out, workspace, split, kind, stream);
         return;
     }

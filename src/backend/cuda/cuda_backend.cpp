@@ -311,10 +311,10 @@ public:
         launched("kv_store");
     }
 
-    void attention(int layer, Tensor q, int n_heads, float scale, Tensor out) override {
+    void attention(int layer, Tensor q, int n_heads, float scale, int window, Tensor out) override {
         if (replaying_) return;
-        cuda::attention(kv_layer(layer), q.data, q.rows, n_heads, scale, slot_dev_, pos_dev_, out.data, attn_ws_,
-                        attn_kind_, stream_);
+        cuda::attention(kv_layer(layer), q.data, q.rows, n_heads, scale, window, slot_dev_, pos_dev_, out.data,
+                        attn_ws_, attn_kind_, stream_);
         launched("attention");
     }
 
@@ -322,6 +322,18 @@ public:
         if (replaying_) return;
         cuda::swiglu(gate.data, up.data, gate.rows * gate.cols, stream_);
         launched("swiglu");
+    }
+
+    void geglu(Tensor gate, Tensor up) override {
+        if (replaying_) return;
+        cuda::geglu(gate.data, up.data, gate.rows * gate.cols, stream_);
+        launched("geglu");
+    }
+
+    void scale(Tensor x, float s) override {
+        if (replaying_) return;
+        cuda::scale(x.data, s, x.rows * x.cols, stream_);
+        launched("scale");
     }
 
     void add(Tensor x, Tensor y) override {

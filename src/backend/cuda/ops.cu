@@ -146,6 +146,19 @@ __global__ void swiglu_kernel(float* gate, const float* up, int64_t n) {
     }
 }
 
+__global__ void geglu_kernel(float* gate, const float* up, int64_t n) {
+    constexpr float kSqrt2OverPi = 0.7978845608028654f;
+    for (int64_t i = first_index(); i < n; i += grid_stride()) {
+        const float g = gate[i];
+        const float inner = __fmul_rn(kSqrt2OverPi, __fadd_rn(g, __fmul_rn(__fmul_rn(__fmul_rn(0.044715f, g), g), g)));
+        gate[i] = __fmul_rn(__fmul_rn(__fmul_rn(0.5f, g), __fadd_rn(1.0f, tanhf(inner))), up[i]);
+    }
+}
+
+__global__ void scale_kernel(float* x, float s, int64_t n) {
+    for (int64_t i = first_index(); i < n; i += grid_stride()) x[i] = __fmul_rn(x[i], s);
+}
+
 __global__ void add_kernel(float* x, const float* y, int64_t n) {
     for (int64_t i = first_index(); i < n; i += grid_stride()) x[i] = __fadd_rn(x[i], y[i]);
 }
@@ -196,6 +209,16 @@ void rope(float* x, int64_t rows, const int32_t* pos, const RopeArgs& args, cuda
 void swiglu(float* gate, const float* up, int64_t n, cudaStream_t stream) {
     if (n <= 0) return;
     swiglu_kernel<<<grid_for(n), kThreads, 0, stream>>>(gate, up, n);
+}
+
+void geglu(float* gate, const float* up, int64_t n, cudaStream_t stream) {
+    if (n <= 0) return;
+    geglu_kernel<<<grid_for(n), kThreads, 0, stream>>>(gate, up, n);
+}
+
+void scale(float* x, float s, int64_t n, cudaStream_t stream) {
+    if (n <= 0) return;
+    scale_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, s, n);
 }
 
 void add(float* x, const float* y, int64_t n, cudaStream_t stream) {

@@ -33,6 +33,12 @@ void rope(float* x, int64_t rows, const int32_t* pos, const RopeArgs& args, cuda
 
 // gate[i] = silu(gate[i]) * up[i]
 void swiglu(float* gate, const float* up, int64_t n, cudaStream_t stream);
+
+// gate = gelu(gate) * up, GELU's tanh form (cpu::geglu's formula).
+void geglu(float* gate, const float* up, int64_t n, cudaStream_t stream);
+
+// x *= s
+void scale(float* x, float s, int64_t n, cudaStream_t stream);
 // x[i] += y[i]
 void add(float* x, const float* y, int64_t n, cudaStream_t stream);
 // y[r][c] += bias[c]
@@ -79,15 +85,16 @@ bool attention_splits(int64_t n_tokens, int n_heads, int head_dim, int n_ctx, At
 // graph capture, on the device that runs attention().
 size_t attention_workspace_bytes(int64_t n_tokens, int n_heads, int head_dim, int n_ctx);
 
-// out[t] = softmax(q[t] K^T * scale) V over positions 0..pos[t] of slot[t], per
-// query head; query head h reads KV head h / (n_heads / n_kv_heads).
+// out[t] = softmax(q[t] K^T * scale) V over positions first..pos[t] of slot[t],
+// per query head; query head h reads KV head h / (n_heads / n_kv_heads).
+// window 0: first = 0; else first = max(0, pos[t] - window + 1).
 // q, out: n_tokens x n_heads*head_dim. workspace: attention_workspace_bytes()
 // bytes for a batch at least this large, or null (then it never splits).
 // Deterministic and batch-invariant: a token's row depends only on its q, its
 // slot's cache and its position, never on the other tokens, the kind, the
 // split or timing. A token whose slot or pos lies outside the cache gets a
 // NaN row. kv.k and kv.v must be 16-byte aligned.
-void attention(const KvLayer& kv, const float* q, int64_t n_tokens, int n_heads, float scale,
+void attention(const KvLayer& kv, const float* q, int64_t n_tokens, int n_heads, float scale, int window,
                const int32_t* slot, const int32_t* pos, float* out, float* workspace, AttnBatch kind,
                cudaStream_t stream);
 
