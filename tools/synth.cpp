@@ -59,6 +59,11 @@ model::SynthShape shape_from(const SynthCliOptions& o) {
     if (o.arch) {
         s.arch = *o.arch;
         if (s.arch != "llama" && s.tokenizer == model::SynthTokenizer::Gpt2Bpe) s.bpe_pre = "qwen2";
+        if (s.arch == "gemma3" && s.sliding_window == 0) {
+            s.n_head_dim = 256;
+            s.sliding_window = 512;
+        }
+        if (s.arch != "gemma3") s.n_head_dim = s.sliding_window = 0;
     }
     if (o.tokenizer) {
         if (*o.tokenizer == "llama") {
@@ -129,7 +134,9 @@ void add_synth_command(CLI::App& app) {
     cmd->add_option("--n-ctx", o->n_ctx, "Context length");
     cmd->add_option("--rope-base", o->rope_base, "RoPE frequency base");
     cmd->add_option("--rms-eps", o->rms_eps, "RMSNorm epsilon");
-    cmd->add_option("--arch", o->arch, "Architecture: llama, qwen2 (q/k/v biases) or qwen3 (per-head q/k norms)");
+    cmd->add_option("--arch", o->arch,
+                    "Architecture: llama, qwen2 (q/k/v biases), qwen3 (per-head q/k norms) or gemma3 (q/k norms, "
+                    "post-norms, GELU FFN, sliding-window layers; head size 256, window 512 unless the preset says)");
     cmd->add_option("--tokenizer", o->tokenizer, "Tokenizer: llama (SentencePiece) or gpt2 (byte-level BPE)");
     cmd->add_flag("--tied", o->tied, "No output.weight: the token embedding doubles as output");
     cmd->callback([o] { run_synth(*o); });

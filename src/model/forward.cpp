@@ -1,18 +1,14 @@
-// The llama-family forward pass (see forward.h). Each step is one backend call;
-// the comments give the math.
+// The forward pass (see forward.h): embedding, each layer as its family
+// builds it (model/family.h), the output head.
 #include "model/forward.h"
 
-#include <cmath>
 #include <string>
+
+#include "model/family.h"
 
 namespace tern::model {
 
 using backend::Tensor;
-
-namespace {
-// The same memory seen as one row per (token, head).
-Tensor per_head(Tensor t, int head_dim) { return Tensor{t.data, t.rows * (t.cols / head_dim), head_dim}; }
-}  // namespace
 
 backend::KvCacheShape Forward::kv_shape(const Model& model, int n_slots, int n_ctx) {
     backend::KvCacheShape s;
@@ -29,7 +25,9 @@ Result<std::unique_ptr<Forward>> Forward::create(const Model& model, backend::Ba
                                                  int n_slots, int n_ctx) {
     if (max_tokens < 1) return Error{"forward: max_tokens must be at least 1"};
     if (n_slots < 1 || n_ctx < 1) return Error{"forward: the KV cache needs at least one slot and one position"};
-    std::unique_ptr<Forward> f(new Forward(model, be, max_tokens));
+    const Family* family = find_family(model.hp.arch);
+    if (!family) return Error{"forward: unsupported architecture '" + model.hp.arch + "'"};
+    std::unique_ptr<Forward> f(new Forward(model, be, *family, max_tokens));
     const Hparams& h = model.hp;
     const int64_t n = max_tokens;
     struct Want { Tensor* t; int64_t cols; };
@@ -75,42 +73,17 @@ Status Forward::run(const Batch& batch, std::vector<float>& logits) {
         if (i < 0 || i >= n) return Error{"forward: logits row " + std::to_string(i) + " is outside the batch"};
 
     auto rows = [n](Tensor t) { t.rows = n; return t; };
-    Tensor x = rows(x_), hbuf = rows(h_), q = rows(q_), k = rows(k_), v = rows(v_), att = rows(att_);
-    Tensor gate = rows(gate_), up = rows(up_);
     backend::RopeParams rope = h.rope;
     if (m_.rope_freqs) rope.freq_factors = &m_.rope_freqs;
-    const float scale = 1.0f / std::sqrt(float(h.head_dim));
+    const LayerPass pass{be_, h, rope, shard_, rows(x_), rows(h_), rows(q_), rows(k_), rows(v_),
+                         rows(att_), rows(gate_), rows(up_)};
+    const Tensor x = pass.x;
 
     be_.set_batch(backend::BatchLayout{batch.slot, batch.pos, int(batch.logits_for.size())});
-    // x = embedding rows of the tokens
+    // x = embedding rows of the tokens (scaled, for the families that do)
     be_.embed(m_.token_embd, batch.tokens, x);
-    for (int il = 0; il < h.n_layer; ++il) {
-        const Layer& L = m_.layers[size_t(il)];
-        // attention block: x += Wo · attn(rope(Wq·n(x)), rope(Wk·n(x)), Wv·n(x))
-        be_.rms_norm(x, L.attn_norm, h.norm_eps, hbuf);
-        be_.matmul_shared(hbuf, {{&L.wq, q, L.bq ? &L.bq : nullptr},
-                                 {&L.wk, k, L.bk ? &L.bk : nullptr},
-                                 {&L.wv, v, L.bv ? &L.bv : nullptr}});
-        // qwen3: q, k = n(each head of q), n(each head of k), one row per (token, head)
-        if (L.q_norm) {
-            be_.rms_norm(per_head(q, h.head_dim), L.q_norm, h.norm_eps, per_head(q, h.head_dim));
-            be_.rms_norm(per_head(k, h.head_dim), L.k_norm, h.norm_eps, per_head(k, h.head_dim));
-        }
-        be_.rope(q, h.n_head, h.head_dim, rope);
-        be_.rope(k, h.n_head_kv, h.head_dim, rope);
-        be_.kv_store(il, k, v);
-        be_.attention(il, q, h.n_head, scale, att);
-        be_.matmul(L.wo, att, hbuf);
-        if (shard_) be_.all_reduce_sum(hbuf);
-        be_.add(x, hbuf);
-        // feed-forward block: x += W_down · (silu(W_gate·n(x)) * W_up·n(x))
-        be_.rms_norm(x, L.ffn_norm, h.norm_eps, hbuf);
-        be_.matmul_shared(hbuf, {{&L.w_gate, gate}, {&L.w_up, up}});
-        be_.swiglu(gate, up);
-        be_.matmul(L.w_down, gate, hbuf);
-        if (shard_) be_.all_reduce_sum(hbuf);
-        be_.add(x, hbuf);
-    }
+    if (h.embd_scale != 0.0f) be_.scale(x, h.embd_scale);
+    for (int il = 0; il < h.n_layer; ++il) family_->forward_layer(pass, m_.layers[size_t(il)], il);
     // logits for the selected tokens: W_out · n(x)
     const int64_t m = int64_t(batch.logits_for.size());
     logits.assign(size_t(m) * size_t(m_.output.rows), 0.0f);

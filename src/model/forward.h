@@ -1,8 +1,9 @@
-// The llama-family forward pass, written once against the backend interface:
-// embedding, then per layer RMSNorm -> Q/K/V (+bias) -> RoPE -> KV store ->
-// grouped-query attention -> output projection -> residual, RMSNorm -> SwiGLU
-// FFN -> residual; final RMSNorm and the output head for the tokens that ask
-// for logits.
+// The forward pass, written once against the backend interface: embedding,
+// each layer as its family arranges the shared blocks (model/family.h; the
+// llama family: RMSNorm -> Q/K/V (+bias) -> RoPE -> KV store -> grouped-query
+// attention -> output projection -> residual, RMSNorm -> SwiGLU FFN ->
+// residual), final RMSNorm and the output head for the tokens that ask for
+// logits.
 //
 // The same pass runs one shard of a tensor-parallel model (model/tensor_parallel.h):
 // the Model it is given then holds its share of heads, FFN columns and vocabulary
@@ -19,6 +20,8 @@
 #include "model/model.h"
 
 namespace tern::model {
+
+struct Family;
 
 // Tokens of one forward call, possibly from several sequences.
 struct Batch {
@@ -76,9 +79,11 @@ public:
     size_t device_bytes() const override { return be_.device_bytes(); }
 
 private:
-    Forward(const Model& m, backend::Backend& be, int max_tokens) : m_(m), be_(be), max_tokens_(max_tokens) {}
+    Forward(const Model& m, backend::Backend& be, const Family& family, int max_tokens)
+        : m_(m), be_(be), family_(&family), max_tokens_(max_tokens) {}
     const Model& m_;
     backend::Backend& be_;
+    const Family* family_;
     int max_tokens_;
     backend::KvCacheShape kv_;
     bool shard_ = false;

@@ -1,5 +1,5 @@
-// Loading a llama-family model: hyperparameters from metadata, every tensor
-// checked for presence, type and shape before any backend sees it.
+// Loading a model: hyperparameters from metadata, every tensor checked for
+// presence, type and shape before any backend sees it.
 #include "model/model.h"
 
 #include <cmath>
@@ -7,6 +7,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "model/family.h"
 #include "quant/quant.h"
 
 namespace tern::model {
@@ -50,15 +51,16 @@ Result<const gguf::TensorInfo*> find_checked(const gguf::File& f, const std::str
 
 }  // namespace
 
-bool architecture_supported(const std::string& arch) { return arch == "llama" || arch == "qwen2" || arch == "qwen3"; }
+bool architecture_supported(const std::string& arch) { return find_family(arch) != nullptr; }
 
 Result<Hparams> read_hparams(const gguf::File& f) {
     Hparams hp;
     auto arch = f.get_string("general.architecture");
     if (!arch) return Error{f.path() + ": metadata 'general.architecture' is missing"};
     hp.arch = *arch;
-    if (!architecture_supported(hp.arch))
-        return Error{f.path() + ": unsupported architecture '" + hp.arch + "' (tern runs: llama, qwen2, qwen3)"};
+    const Family* family = find_family(hp.arch);
+    if (!family)
+        return Error{f.path() + ": unsupported architecture '" + hp.arch + "' (tern runs: " + family_names() + ")"};
 
     constexpr int kBig = 1 << 24;
     auto n_embd = require_int(f, key(hp, "embedding_length"), 1, kBig);
@@ -87,7 +89,7 @@ Result<Hparams> read_hparams(const gguf::File& f) {
     if (!(hp.norm_eps > 0.0f && hp.norm_eps < 1.0f))
         return Error{f.path() + ": attention.layer_norm_rms_epsilon is not a small positive number"};
 
-    hp.rope.neox = hp.arch == "qwen2" || hp.arch == "qwen3";
+    hp.attn_scale = 1.0f / std::sqrt(float(hp.head_dim));
     hp.rope.n_dims = optional_int(f, key(hp, "rope.dimension_count"), hp.head_dim);
     if (hp.rope.n_dims < 2 || hp.rope.n_dims > hp.head_dim || hp.rope.n_dims % 2 != 0)
         return Error{f.path() + ": rope.dimension_count = " + std::to_string(hp.rope.n_dims) +
@@ -110,6 +112,7 @@ Result<Hparams> read_hparams(const gguf::File& f) {
         return Error{f.path() + ": tensor 'token_embd.weight' has shape " + embd->shape_string() +
                      ", expected [" + std::to_string(hp.n_embd) + ", n_vocab]"};
     hp.n_vocab = int(embd->ne[1]);
+    if (Status s = family->read_hparams(f, hp); !s.ok()) return Error{s.message()};
     return hp;
 }
 
@@ -119,6 +122,7 @@ Result<Model> describe_model(const gguf::File& f) {
     Model m;
     m.hp = *hp;
     const Hparams& h = m.hp;
+    const LayerTensors& has = find_family(h.arch)->tensors;
     const int64_t q_dim = int64_t(h.n_head) * h.head_dim;
     const int64_t kv_dim = int64_t(h.n_head_kv) * h.head_dim;
 
@@ -145,18 +149,24 @@ Result<Model> describe_model(const gguf::File& f) {
         want(L.wq, p + "attn_q.weight", h.n_embd, q_dim);
         want(L.wk, p + "attn_k.weight", h.n_embd, kv_dim);
         want(L.wv, p + "attn_v.weight", h.n_embd, kv_dim);
-        const bool biases = h.arch == "qwen2";
-        want(L.bq, p + "attn_q.bias", q_dim, 0, biases);
-        want(L.bk, p + "attn_k.bias", kv_dim, 0, biases);
-        want(L.bv, p + "attn_v.bias", kv_dim, 0, biases);
-        const bool qk_norm = h.arch == "qwen3";
-        want(L.q_norm, p + "attn_q_norm.weight", h.head_dim, 0, qk_norm);
-        want(L.k_norm, p + "attn_k_norm.weight", h.head_dim, 0, qk_norm);
+        if (has.qkv_bias) {
+            want(L.bq, p + "attn_q.bias", q_dim, 0);
+            want(L.bk, p + "attn_k.bias", kv_dim, 0);
+            want(L.bv, p + "attn_v.bias", kv_dim, 0);
+        }
+        if (has.qk_norm) {
+            want(L.q_norm, p + "attn_q_norm.weight", h.head_dim, 0);
+            want(L.k_norm, p + "attn_k_norm.weight", h.head_dim, 0);
+        }
         want(L.wo, p + "attn_output.weight", q_dim, h.n_embd);
         want(L.ffn_norm, p + "ffn_norm.weight", h.n_embd, 0);
         want(L.w_gate, p + "ffn_gate.weight", h.n_embd, h.n_ff);
         want(L.w_up, p + "ffn_up.weight", h.n_embd, h.n_ff);
         want(L.w_down, p + "ffn_down.weight", h.n_ff, h.n_embd);
+        if (has.post_norms) {
+            want(L.post_attn_norm, p + "post_attention_norm.weight", h.n_embd, 0);
+            want(L.post_ffn_norm, p + "post_ffw_norm.weight", h.n_embd, 0);
+        }
     }
     if (!failed.ok()) return Error{failed.message()};
     if (!m.output) m.output = m.token_embd;  // tied embeddings
@@ -174,7 +184,7 @@ auto weights_of(M& m) {
     std::vector<W*> all = {&m.token_embd, &m.output_norm, &m.rope_freqs};
     for (auto& L : m.layers)
         for (W* w : {&L.attn_norm, &L.wq, &L.wk, &L.wv, &L.bq, &L.bk, &L.bv, &L.q_norm, &L.k_norm, &L.wo,
-                     &L.ffn_norm, &L.w_gate, &L.w_up, &L.w_down})
+                     &L.post_attn_norm, &L.ffn_norm, &L.w_gate, &L.w_up, &L.w_down, &L.post_ffn_norm})
             all.push_back(w);
     all.push_back(&m.output);
     return all;

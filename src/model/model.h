@@ -1,10 +1,12 @@
 // A loaded model: hyperparameters read from GGUF metadata and the weights of
-// each layer, registered with a backend. One struct serves the llama family
-// (Llama 2/3, Mistral, SmolLM2, TinyLlama; Qwen2 with q/k/v biases; Qwen3 with
-// per-head q/k norms); the forward pass is in forward.cpp.
+// each layer, registered with a backend. One struct serves every family
+// (model/family.h: the llama family with Qwen2 and Qwen3, Gemma 3); a layer
+// holds the tensors its family uses and leaves the others empty. The forward
+// pass is in forward.cpp, each family's layer in its own file.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -27,7 +29,15 @@ struct Hparams {
     int n_ff = 0;
     int n_ctx_train = 0;
     float norm_eps = 1e-5f;
+    float attn_scale = 0.0f;   // scores = q·k * attn_scale (1/sqrt(head_dim) unless the family says otherwise)
     backend::RopeParams rope;  // freq_factors left null: the forward pass points it at Model::rope_freqs
+    float embd_scale = 0.0f;   // embedding rows multiplied by this (gemma3: sqrt(n_embd)); 0: not scaled
+    // Sliding-window attention (gemma3): layers il with sliding[il] set attend to
+    // the last swa_window positions, with RoPE rope_swa. swa_window 0: none.
+    int swa_window = 0;
+    std::vector<uint8_t> sliding;  // per layer, 1: a sliding-window layer (empty: none)
+    backend::RopeParams rope_swa;
+    bool slides(int il) const { return swa_window > 0 && size_t(il) < sliding.size() && sliding[size_t(il)]; }
 };
 
 struct Layer {
@@ -39,10 +49,12 @@ struct Layer {
     backend::Weight q_norm;       // [head_dim] RMSNorm of each query head before RoPE (qwen3), or empty
     backend::Weight k_norm;       // [head_dim] the same for each key head
     backend::Weight wo;           // (n_head*head_dim -> n_embd)
+    backend::Weight post_attn_norm;  // [n_embd] RMSNorm of the attention output before its add (gemma3), or empty
     backend::Weight ffn_norm;     // [n_embd]
     backend::Weight w_gate;       // (n_embd -> n_ff)
     backend::Weight w_up;         // (n_embd -> n_ff)
     backend::Weight w_down;       // (n_ff -> n_embd)
+    backend::Weight post_ffn_norm;  // [n_embd] RMSNorm of the FFN output before its add (gemma3), or empty
 };
 
 struct Model {
@@ -54,7 +66,7 @@ struct Model {
     std::vector<Layer> layers;
 };
 
-// Architectures the llama-family forward pass runs.
+// Architectures tern runs (model/family.h).
 bool architecture_supported(const std::string& arch);
 
 // Reads hyperparameters and checks every expected tensor's presence, type and

@@ -41,6 +41,20 @@ std::optional<SynthShape> synth_preset(std::string_view name) {
         s.bpe_pre = "qwen2";
         return s;
     }
+    if (name == "gemma3-4b") {
+        s.arch = "gemma3";
+        s.n_vocab = 262208; s.n_embd = 2560; s.n_layer = 34; s.n_head = 8; s.n_head_kv = 4; s.n_head_dim = 256;
+        s.n_ff = 10240; s.n_ctx = 131072; s.rope_base = 1000000.0f; s.rms_eps = 1e-6f;
+        s.sliding_window = 1024; s.tied_output = true;
+        return s;
+    }
+    if (name == "gemma3-270m") {
+        s.arch = "gemma3";
+        s.n_vocab = 262144; s.n_embd = 640; s.n_layer = 18; s.n_head = 4; s.n_head_kv = 1; s.n_head_dim = 256;
+        s.n_ff = 2048; s.n_ctx = 32768; s.rope_base = 1000000.0f; s.rms_eps = 1e-6f;
+        s.sliding_window = 512; s.tied_output = true;
+        return s;
+    }
     if (name == "qwen2-7b") {
         s.arch = "qwen2";
         s.n_vocab = 152064; s.n_embd = 3584; s.n_layer = 28; s.n_head = 28; s.n_head_kv = 4;
@@ -53,7 +67,7 @@ std::optional<SynthShape> synth_preset(std::string_view name) {
 }
 
 std::vector<std::string> synth_preset_names() {
-    return {"tiny", "llama2-7b", "llama3-8b", "qwen2-7b", "qwen3-8b", "custom"};
+    return {"tiny", "llama2-7b", "llama3-8b", "qwen2-7b", "qwen3-8b", "gemma3-270m", "gemma3-4b", "custom"};
 }
 
 Status check_synth_shape(const SynthShape& s) {
@@ -70,11 +84,15 @@ Status check_synth_shape(const SynthShape& s) {
                       in_range("n_head", s.n_head, 1, 4096),
                       in_range("n_head_kv", s.n_head_kv, 1, 4096),
                       in_range("n_ff", s.n_ff, 1, int64_t(1) << 18),
-                      in_range("n_ctx", s.n_ctx, 1, int64_t(1) << 24)})
+                      in_range("n_ctx", s.n_ctx, 1, int64_t(1) << 24),
+                      in_range("head size", s.n_head_dim, 0, 1024),
+                      in_range("sliding window", s.sliding_window, 0, int64_t(1) << 24)})
         if (!st) return st;
-    if (s.arch != "llama" && s.arch != "qwen2" && s.arch != "qwen3")
-        return Error{"architecture '" + s.arch + "' is not one synth can build (llama, qwen2, qwen3)"};
-    if (s.n_embd % s.n_head != 0)
+    if (s.arch != "llama" && s.arch != "qwen2" && s.arch != "qwen3" && s.arch != "gemma3")
+        return Error{"architecture '" + s.arch + "' is not one synth can build (llama, qwen2, qwen3, gemma3)"};
+    if ((s.arch == "gemma3") != (s.sliding_window > 0))
+        return Error{"a sliding window is what gemma3 has and the other architectures do not"};
+    if (s.n_head_dim == 0 && s.n_embd % s.n_head != 0)
         return Error{"n_embd " + std::to_string(s.n_embd) + " is not a multiple of n_head " +
                      std::to_string(s.n_head)};
     if (s.n_head % s.n_head_kv != 0)
@@ -100,7 +118,7 @@ int64_t SynthTensor::n_rows() const {
 int64_t SynthTensor::n_elements() const { return ne[0] * n_rows(); }
 
 std::vector<SynthTensor> synth_tensors(const SynthShape& s) {
-    const int64_t embd = s.n_embd, kv = s.kv_dim(), ff = s.n_ff, vocab = s.n_vocab;
+    const int64_t embd = s.n_embd, qd = s.q_dim(), kv = s.kv_dim(), ff = s.n_ff, vocab = s.n_vocab;
     std::vector<SynthTensor> t;
     auto add = [&t](std::string name, std::vector<int64_t> ne, SynthInit init = SynthInit::Normal) {
         t.push_back({std::move(name), std::move(ne), init});
@@ -109,8 +127,8 @@ std::vector<SynthTensor> synth_tensors(const SynthShape& s) {
     for (int64_t l = 0; l < s.n_layer; ++l) {
         const std::string p = "blk." + std::to_string(l) + ".";
         add(p + "attn_norm.weight", {embd}, SynthInit::NearOne);
-        add(p + "attn_q.weight", {embd, embd});  // n_head * head_dim outputs
-        if (s.has_qkv_bias()) add(p + "attn_q.bias", {embd});
+        add(p + "attn_q.weight", {embd, qd});  // n_head * head_dim outputs
+        if (s.has_qkv_bias()) add(p + "attn_q.bias", {qd});
         add(p + "attn_k.weight", {embd, kv});    // n_head_kv * head_dim outputs
         if (s.has_qkv_bias()) add(p + "attn_k.bias", {kv});
         add(p + "attn_v.weight", {embd, kv});
@@ -119,11 +137,13 @@ std::vector<SynthTensor> synth_tensors(const SynthShape& s) {
             add(p + "attn_q_norm.weight", {s.head_dim()}, SynthInit::NearOne);
             add(p + "attn_k_norm.weight", {s.head_dim()}, SynthInit::NearOne);
         }
-        add(p + "attn_output.weight", {embd, embd});
+        add(p + "attn_output.weight", {qd, embd});
+        if (s.has_post_norms()) add(p + "post_attention_norm.weight", {embd}, SynthInit::NearOne);
         add(p + "ffn_norm.weight", {embd}, SynthInit::NearOne);
         add(p + "ffn_gate.weight", {embd, ff});
         add(p + "ffn_up.weight", {embd, ff});
         add(p + "ffn_down.weight", {ff, embd});
+        if (s.has_post_norms()) add(p + "post_ffw_norm.weight", {embd}, SynthInit::NearOne);
     }
     add("output_norm.weight", {embd}, SynthInit::NearOne);
     if (!s.tied_output) add("output.weight", {embd, vocab});
@@ -197,6 +217,11 @@ void set_metadata(gguf::Writer& w, const SynthShape& s, const SynthVocab& v, qua
     w.set_u32(a + ".rope.dimension_count", uint32_t(s.head_dim()));
     w.set_u32(a + ".attention.head_count", uint32_t(s.n_head));
     w.set_u32(a + ".attention.head_count_kv", uint32_t(s.n_head_kv));
+    if (s.n_head_dim > 0) {
+        w.set_u32(a + ".attention.key_length", uint32_t(s.n_head_dim));
+        w.set_u32(a + ".attention.value_length", uint32_t(s.n_head_dim));
+    }
+    if (s.sliding_window > 0) w.set_u32(a + ".attention.sliding_window", uint32_t(s.sliding_window));
     w.set_f32(a + ".attention.layer_norm_rms_epsilon", s.rms_eps);
     w.set_f32(a + ".rope.freq_base", s.rope_base);
     w.set_u32(a + ".vocab_size", uint32_t(s.n_vocab));

@@ -24,14 +24,17 @@ enum class SynthTokenizer {
 };
 
 struct SynthShape {
-    std::string preset = "custom";  // "tiny", "llama2-7b", "llama3-8b", "qwen2-7b", "custom"
-    std::string arch = "llama";     // "llama", "qwen2" (q/k/v biases) or "qwen3" (per-head q/k norms)
+    std::string preset = "custom";  // a name of synth_preset_names()
+    std::string arch = "llama";     // "llama", "qwen2" (q/k/v biases), "qwen3" (per-head q/k norms) or
+                                    // "gemma3" (q/k norms, post-norms, GELU, sliding-window layers)
     int64_t n_vocab = 1024;
     int64_t n_embd = 256;
     int64_t n_layer = 2;
     int64_t n_head = 4;
     int64_t n_head_kv = 2;
     int64_t n_ff = 512;
+    int64_t n_head_dim = 0;         // head size when it is not n_embd / n_head (gemma3), else 0
+    int64_t sliding_window = 0;     // gemma3: positions a sliding-window layer attends to
     int64_t n_ctx = 512;
     float rope_base = 10000.0f;
     float rms_eps = 1e-5f;
@@ -39,10 +42,12 @@ struct SynthShape {
     SynthTokenizer tokenizer = SynthTokenizer::SentencePiece;
     std::string bpe_pre;            // tokenizer.ggml.pre for BPE ("llama-bpe", "qwen2")
 
-    int64_t head_dim() const { return n_head > 0 ? n_embd / n_head : 0; }
+    int64_t head_dim() const { return n_head_dim > 0 ? n_head_dim : n_head > 0 ? n_embd / n_head : 0; }
+    int64_t q_dim() const { return n_head * head_dim(); }
     int64_t kv_dim() const { return n_head_kv * head_dim(); }
     bool has_qkv_bias() const { return arch == "qwen2"; }
-    bool has_qk_norm() const { return arch == "qwen3"; }
+    bool has_qk_norm() const { return arch == "qwen3" || arch == "gemma3"; }
+    bool has_post_norms() const { return arch == "gemma3"; }
 };
 
 // The named shapes; nullopt for unknown names.

@@ -1,5 +1,6 @@
 #include "tests/support/reference_forward.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -76,8 +77,11 @@ std::vector<std::vector<float>> ReferenceForward::run(const std::vector<int32_t>
     const auto factors = weight("rope_freqs.weight");
     std::vector<std::vector<float>> logits;
     std::vector<std::vector<float>> xs;
-    for (int32_t tok : tokens)
+    for (int32_t tok : tokens) {
         xs.emplace_back(embd.begin() + int64_t(tok) * h.n_embd, embd.begin() + int64_t(tok + 1) * h.n_embd);
+        if (h.embd_scale != 0.0f)
+            for (float& e : xs.back()) e *= h.embd_scale;
+    }
 
     for (int il = 0; il < h.n_layer; ++il) {
         const std::string p = "blk." + std::to_string(il) + ".";
@@ -88,6 +92,10 @@ std::vector<std::vector<float>> ReferenceForward::run(const std::vector<int32_t>
         const auto qn = weight(p + "attn_q_norm.weight"), kn = weight(p + "attn_k_norm.weight");
         const auto wg = weight(p + "ffn_gate.weight"), wu = weight(p + "ffn_up.weight");
         const auto wd = weight(p + "ffn_down.weight");
+        const auto pan = weight(p + "post_attention_norm.weight"), pfn = weight(p + "post_ffw_norm.weight");
+        // gemma3: sliding-window layers see the last swa_window positions, with their own RoPE
+        const bool local = h.slides(il);
+        const backend::RopeParams& rp = local ? h.rope_swa : h.rope;
         for (size_t t = 0; t < xs.size(); ++t) {
             const int pos = n_past_ + int(t);
             std::vector<float> hbuf = xs[t];
@@ -100,38 +108,49 @@ std::vector<std::vector<float>> ReferenceForward::run(const std::vector<int32_t>
                 for (int hh = 0; hh < h.n_head; ++hh) rms_norm_span(q.data() + size_t(hh) * hd, hd, qn, h.norm_eps);
                 for (int hh = 0; hh < h.n_head_kv; ++hh) rms_norm_span(k.data() + size_t(hh) * hd, hd, kn, h.norm_eps);
             }
-            rope(q, h.n_head, hd, pos, h.rope, factors);
-            rope(k, h.n_head_kv, hd, pos, h.rope, factors);
+            rope(q, h.n_head, hd, pos, rp, local ? std::vector<float>{} : factors);
+            rope(k, h.n_head_kv, hd, pos, rp, local ? std::vector<float>{} : factors);
             auto& kc = k_cache_[size_t(il)];
             auto& vc = v_cache_[size_t(il)];
             kc.insert(kc.end(), k.begin(), k.end());
             vc.insert(vc.end(), v.begin(), v.end());
             std::vector<float> att(size_t(h.n_head) * hd, 0.0f);
-            const int n_pos = pos + 1, group = h.n_head / h.n_head_kv;
+            const int from = local ? std::max(0, pos - h.swa_window + 1) : 0;
+            const int n_pos = pos + 1 - from, group = h.n_head / h.n_head_kv;
             for (int hh = 0; hh < h.n_head; ++hh) {
                 const int kvh = hh / group;
                 std::vector<double> s(static_cast<size_t>(n_pos));
                 double mx = -INFINITY;
                 for (int j = 0; j < n_pos; ++j) {
                     double d = 0;
-                    for (int i = 0; i < hd; ++i) d += double(q[size_t(hh * hd + i)]) * kc[size_t(j * kvw + kvh * hd + i)];
-                    s[size_t(j)] = d / std::sqrt(double(hd));
+                    for (int i = 0; i < hd; ++i)
+                        d += double(q[size_t(hh * hd + i)]) * kc[size_t((from + j) * kvw + kvh * hd + i)];
+                    s[size_t(j)] = d * h.attn_scale;
                     mx = std::max(mx, s[size_t(j)]);
                 }
                 double sum = 0;
                 for (double& e : s) sum += (e = std::exp(e - mx));
                 for (int j = 0; j < n_pos; ++j)
                     for (int i = 0; i < hd; ++i)
-                        att[size_t(hh * hd + i)] += float(s[size_t(j)] / sum * vc[size_t(j * kvw + kvh * hd + i)]);
+                        att[size_t(hh * hd + i)] +=
+                            float(s[size_t(j)] / sum * vc[size_t((from + j) * kvw + kvh * hd + i)]);
             }
-            const auto o = matvec(wo, att);
+            auto o = matvec(wo, att);
+            if (!pan.empty()) rms_norm(o, pan, h.norm_eps);
             for (int i = 0; i < h.n_embd; ++i) xs[t][size_t(i)] += o[size_t(i)];
             hbuf = xs[t];
             rms_norm(hbuf, fn, h.norm_eps);
             auto g = matvec(wg, hbuf);
             const auto u = matvec(wu, hbuf);
-            for (size_t i = 0; i < g.size(); ++i) g[i] = float(g[i] / (1.0 + std::exp(-double(g[i]))) * u[i]);
-            const auto d = matvec(wd, g);
+            const bool gelu = h.arch == "gemma3";
+            for (size_t i = 0; i < g.size(); ++i) {
+                const double x = g[i];
+                const double act = gelu ? 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
+                                        : x / (1.0 + std::exp(-x));
+                g[i] = float(act * u[i]);
+            }
+            auto d = matvec(wd, g);
+            if (!pfn.empty()) rms_norm(d, pfn, h.norm_eps);
             for (int i = 0; i < h.n_embd; ++i) xs[t][size_t(i)] += d[size_t(i)];
         }
     }

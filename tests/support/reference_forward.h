@@ -1,4 +1,4 @@
-// A straightforward f32 forward pass for the llama family, independent of the
+// A straightforward f32 forward pass for every family (llama, qwen2/3, gemma3), independent of the
 // backend code: every weight dequantized with the reference dequantizer, plain
 // loops, full softmax attention over an f32 cache. Slow and obvious on purpose:
 // the engine's forward pass is checked against it.

@@ -1,7 +1,9 @@
 // The synthetic model shapes the whole-model tests share: "tiny" (the llama
 // preset), "qwen2" (q/k/v biases, NeoX RoPE, tied output, full multi-head
-// attention, widths that K-quants can split) and "qwen3" (per-head q/k norms,
-// NeoX RoPE, grouped-query attention, head dim 128).
+// attention, widths that K-quants can split), "qwen3" (per-head q/k norms,
+// NeoX RoPE, grouped-query attention, head dim 128) and "gemma3" (six layers:
+// five with a sliding window of 5 positions and one global, head dim 128 on
+// a 256-wide model, post-norms, GELU FFN, scaled embeddings, tied output).
 #pragma once
 
 #include <cstdint>
@@ -34,9 +36,24 @@ inline model::SynthShape as_qwen(model::SynthShape s, const std::string& arch) {
     return s;
 }
 
+// A small gemma3 with the given widths: six layers, so that both kinds of
+// layer run, and a sliding window of 5 positions.
+inline model::SynthShape gemma3_shape(int64_t n_embd, int64_t n_head, int64_t n_head_kv, int64_t head_dim,
+                                      int64_t n_ff) {
+    model::SynthShape s = llama_shape(n_embd, n_head, n_head_kv, n_ff);
+    s.arch = "gemma3";
+    s.n_layer = 6;
+    s.n_head_dim = head_dim;
+    s.sliding_window = 5;
+    s.tied_output = true;
+    s.rms_eps = 1e-6f;
+    return s;
+}
+
 inline model::SynthShape shape_named(const std::string& name) {
     model::SynthShape s = *model::synth_preset("tiny");
     if (name == "tiny") return s;
+    if (name == "gemma3") return gemma3_shape(256, 2, 1, 128, 512);
     // per-head q/k norms, NeoX RoPE, GQA, head dim 128, separate output
     if (name == "qwen3") return as_qwen(llama_shape(256, 2, 1, 512), "qwen3");
     s = as_qwen(llama_shape(256, 2, 2, 768), "qwen2");

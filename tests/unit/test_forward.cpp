@@ -1,10 +1,11 @@
-// The llama-family forward pass on the CPU backend against the plain f32
-// reference (tests/support/reference_forward), on synthetic models of every
-// weight type tern writes and three shapes (GQA llama, qwen2 with biases and
-// tied output, qwen3 with per-head q/k norms); and prefill of N tokens against
-// token-by-token decode.
+// The forward pass on the CPU backend against the plain f32 reference
+// (tests/support/reference_forward), on synthetic models of every weight type
+// tern writes and four shapes (GQA llama, qwen2 with biases and tied output,
+// qwen3 with per-head q/k norms, gemma3 with sliding-window layers); and
+// prefill of N tokens against token-by-token decode.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <random>
@@ -34,6 +35,9 @@ void PrintTo(const Case& c, std::ostream* os) { *os << c.shape << "/ftype" << in
 // is about 1/127/sqrt(3) per matmul input, compounded over layers.
 constexpr double kFloatTol = 2e-3;
 constexpr double kQuantTol = 3e-2;
+// The gemma3 shape has six layers where the others have two or three, and the
+// error compounds through them (its f32 and f16 cases stay under kFloatTol).
+constexpr double kQuantTol6 = 5e-2;
 
 using test::shape_named;
 
@@ -112,7 +116,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"tiny", quant::FileType::Q6_K, kQuantTol}, Case{"qwen2", quant::FileType::ALL_F32, kFloatTol},
                       Case{"qwen2", quant::FileType::Q4_K_M, kQuantTol}, Case{"qwen2", quant::FileType::Q8_0, kQuantTol},
                       Case{"qwen3", quant::FileType::ALL_F32, kFloatTol}, Case{"qwen3", quant::FileType::F16, kFloatTol},
-                      Case{"qwen3", quant::FileType::Q4_K_M, kQuantTol}, Case{"qwen3", quant::FileType::Q8_0, kQuantTol}),
+                      Case{"qwen3", quant::FileType::Q4_K_M, kQuantTol}, Case{"qwen3", quant::FileType::Q8_0, kQuantTol},
+                      Case{"gemma3", quant::FileType::ALL_F32, kFloatTol}, Case{"gemma3", quant::FileType::F16, kFloatTol},
+                      Case{"gemma3", quant::FileType::Q4_K_M, kQuantTol6}, Case{"gemma3", quant::FileType::Q8_0, kQuantTol6},
+                      Case{"gemma3", quant::FileType::Q5_0, kQuantTol6}),
     [](const ::testing::TestParamInfo<Case>& i) {
         return std::string(i.param.shape) + "_" + std::to_string(int(i.param.ftype));
     });
@@ -120,7 +127,7 @@ INSTANTIATE_TEST_SUITE_P(
 // Prefill of a prompt and token-by-token decode of the same tokens compute the
 // same thing row by row, so with batch-invariant kernels they agree exactly.
 TEST(Forward, PrefillEqualsTokenByTokenDecode) {
-  for (const char* shape : {"tiny", "qwen3"}) {
+  for (const char* shape : {"tiny", "qwen3", "gemma3"}) {
     SCOPED_TRACE(shape);
     std::random_device rd;
     const uint64_t seed = rd();
@@ -229,6 +236,73 @@ TEST(ModelLoad, MissingTensorIsNamed) {
     EXPECT_NE(m.error().message.find("'blk.1.ffn_up.weight' is missing"), std::string::npos) << m.error().message;
     std::filesystem::remove(path);
     std::filesystem::remove(cut);
+}
+
+// A copy of a file with its metadata edited (set: added or replaced; a key
+// named in drop: left out); the tensors as they are.
+std::string rewrite_metadata(const gguf::File& f, const std::string& path,
+                             const std::vector<std::pair<std::string, gguf::Value>>& set,
+                             const std::vector<std::string>& drop) {
+    gguf::Writer w;
+    for (const auto& kv : f.metadata())
+        if (std::find(drop.begin(), drop.end(), kv.key) == drop.end()) w.set(kv.key, kv.value);
+    for (const auto& [k, v] : set) w.set(k, v);
+    for (const auto& t : f.tensors())
+        EXPECT_TRUE(w.add_tensor(t.name, t.type(), std::vector<int64_t>(t.ne, t.ne + t.n_dims)).ok());
+    EXPECT_TRUE(w.begin(path).ok());
+    for (const auto& t : f.tensors()) EXPECT_TRUE(w.write_tensor_data(t.data, t.n_bytes).ok());
+    EXPECT_TRUE(w.finish().ok());
+    return path;
+}
+
+// Gemma 3's sliding layers: every sixth layer global by default; the period
+// or a bool per layer from attention.sliding_window_pattern; the local RoPE
+// base from rope.freq_base_swa; what cannot be honoured is an error naming it.
+TEST(ModelLoad, Gemma3SlidingLayersAndItsMetadata) {
+    const std::string path = write_model(Case{"gemma3", quant::FileType::Q8_0, 0}, 5);
+    auto file = gguf::File::open(path);
+    ASSERT_TRUE(file.ok());
+    auto hp = model::read_hparams(**file);
+    ASSERT_TRUE(hp.ok()) << hp.error().message;
+    EXPECT_EQ(hp->swa_window, 5);
+    EXPECT_EQ(hp->sliding, (std::vector<uint8_t>{1, 1, 1, 1, 1, 0}));
+    EXPECT_FLOAT_EQ(hp->rope_swa.freq_base, 10000.0f);
+    EXPECT_FLOAT_EQ(hp->embd_scale, 16.0f);  // sqrt(256)
+    EXPECT_FLOAT_EQ(hp->attn_scale, 1.0f / std::sqrt(128.0f));
+
+    auto reread = [&](const std::vector<std::pair<std::string, gguf::Value>>& set,
+                      const std::vector<std::string>& drop) {
+        const std::string edited = rewrite_metadata(**file, path + ".edit.gguf", set, drop);
+        auto f = gguf::File::open(edited);
+        EXPECT_TRUE(f.ok());
+        auto r = model::read_hparams(**f);
+        std::filesystem::remove(edited);
+        return r;
+    };
+    auto period = reread({{"gemma3.attention.sliding_window_pattern", gguf::Value::of_u32(3)},
+                          {"gemma3.rope.freq_base_swa", gguf::Value::of_f32(5000.0f)}}, {});
+    ASSERT_TRUE(period.ok()) << period.error().message;
+    EXPECT_EQ(period->sliding, (std::vector<uint8_t>{1, 1, 0, 1, 1, 0}));
+    EXPECT_FLOAT_EQ(period->rope_swa.freq_base, 5000.0f);
+    std::vector<gguf::Value> flags;
+    for (bool b : {false, true, false, true, true, true}) flags.push_back(gguf::Value::of_bool(b));
+    auto per_layer = reread({{"gemma3.attention.sliding_window_pattern",
+                              gguf::Value::of_array(gguf::ValueType::BOOL, flags)}}, {});
+    ASSERT_TRUE(per_layer.ok()) << per_layer.error().message;
+    EXPECT_EQ(per_layer->sliding, (std::vector<uint8_t>{0, 1, 0, 1, 1, 1}));
+
+    flags.pop_back();
+    auto short_array = reread({{"gemma3.attention.sliding_window_pattern",
+                                gguf::Value::of_array(gguf::ValueType::BOOL, flags)}}, {});
+    ASSERT_FALSE(short_array.ok());
+    EXPECT_NE(short_array.error().message.find("5 entries for 6 layers"), std::string::npos);
+    auto no_window = reread({}, {"gemma3.attention.sliding_window"});
+    ASSERT_FALSE(no_window.ok());
+    EXPECT_NE(no_window.error().message.find("'gemma3.attention.sliding_window' is missing"), std::string::npos);
+    auto capped = reread({{"gemma3.final_logit_softcapping", gguf::Value::of_f32(30.0f)}}, {});
+    ASSERT_FALSE(capped.ok());
+    EXPECT_NE(capped.error().message.find("final_logit_softcapping"), std::string::npos);
+    std::filesystem::remove(path);
 }
 
 }  // namespace

@@ -62,6 +62,13 @@ TEST(Synth, PresetsMatchTheRealParameterCounts) {
     EXPECT_EQ(param_count(*synth_preset("qwen2-7b")), 7615616512u);
     EXPECT_EQ(param_count(*synth_preset("qwen3-8b")), 8190735360u);  // Qwen3-8B
     EXPECT_EQ(synth_tensors(*synth_preset("qwen3-8b")).size(), 36u * 11 + 3);  // q/k norms, no biases
+    // Gemma 3 270M: the sum over the tensors of the published GGUF; its tensor
+    // count too (13 per layer, tied output). Gemma 3 4B's text model, from its
+    // published configuration (2560 wide, 34 layers, 8/4 heads of 256, FFN
+    // 10240, 262,208 tokens).
+    EXPECT_EQ(param_count(*synth_preset("gemma3-270m")), 268098176u);
+    EXPECT_EQ(synth_tensors(*synth_preset("gemma3-270m")).size(), 236u);
+    EXPECT_EQ(param_count(*synth_preset("gemma3-4b")), 3880263168u);
     EXPECT_EQ(synth_tensors(*synth_preset("llama2-7b")).size(), 291u);
     EXPECT_EQ(synth_tensors(*synth_preset("qwen2-7b")).size(), 28u * 12 + 3);
     for (const std::string& name : synth_preset_names()) {

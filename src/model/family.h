@@ -1,0 +1,44 @@
+// Architecture families: what each adds to the common hyperparameters, which
+// optional tensors its layers carry, and its layer's forward pass, built from
+// the shared blocks of model/blocks.h. One short file per family
+// (llama.cpp, gemma3.cpp); family.cpp lists them.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "base/result.h"
+#include "gguf/gguf.h"
+#include "model/blocks.h"
+#include "model/model.h"
+
+namespace tern::model {
+
+// The optional tensors of a family's layers; a required one missing is an
+// error naming it.
+struct LayerTensors {
+    bool qkv_bias = false;    // attn_{q,k,v}.bias
+    bool qk_norm = false;     // attn_{q,k}_norm.weight
+    bool post_norms = false;  // post_attention_norm.weight, post_ffw_norm.weight
+};
+
+struct Family {
+    std::string_view arch;  // general.architecture
+    LayerTensors tensors;
+    // Reads what the family adds to the hyperparameters read_hparams filled
+    // (the common ones, attn_scale at 1/sqrt(head_dim), rope.neox false).
+    Status (*read_hparams)(const gguf::File& file, Hparams& hp);
+    // One layer: x += the layer's blocks, as the family arranges them.
+    void (*forward_layer)(const LayerPass& pass, const Layer& layer, int il);
+};
+
+// The family of general.architecture `arch`, or null.
+const Family* find_family(std::string_view arch);
+
+// "llama, qwen2, ...": the architectures tern runs, for error messages.
+std::string family_names();
+
+// The families, one per file.
+extern const Family kLlama, kQwen2, kQwen3, kGemma3;
+
+}  // namespace tern::model
