@@ -515,8 +515,10 @@ private:
     // The rotary inverse frequencies, computed on the host exactly as the CPU
     // backend computes them, uploaded once per RoPE configuration.
     const double* inv_freq_table(const RopeParams& rope) {
+        // One table per distinct RoPE (Gemma 3's sliding and global layers have two),
+        // made on first use, before any capture replays it.
         const auto key = std::make_tuple(rope.n_dims, rope.freq_base, rope.freq_factors ? rope.freq_factors->host : nullptr);
-        if (inv_freq_ && key == inv_freq_key_) return inv_freq_;
+        if (auto it = inv_freq_.find(key); it != inv_freq_.end()) return it->second;
         if (capturing_) return nullptr;  // never allocate inside a capture; the kernel computes them
         const int half = rope.n_dims / 2;
         std::vector<double> inv(size_t(half > 0 ? half : 1));
@@ -534,9 +536,7 @@ private:
         }
         auto mem = device_alloc(inv.size() * sizeof(double), "rotary frequencies");
         if (!mem.ok() || copy_to_device(*mem, inv.data(), inv.size() * sizeof(double)) != cudaSuccess) return nullptr;
-        inv_freq_ = static_cast<const double*>(*mem);
-        inv_freq_key_ = key;
-        return inv_freq_;
+        return inv_freq_[key] = static_cast<const double*>(*mem);
     }
 
     const float* vec(const Weight& w) const { return static_cast<const DeviceWeight*>(w.impl)->vec; }
@@ -630,8 +630,7 @@ private:
     float* embed_host_ = nullptr;
     int64_t embed_capacity_ = 0;
 
-    const double* inv_freq_ = nullptr;
-    std::tuple<int, float, const void*> inv_freq_key_{0, 0.0f, nullptr};
+    std::map<std::tuple<int, float, const void*>, const double*> inv_freq_;
 
     KvCacheShape kv_shape_;
     uint16_t *k_ = nullptr, *v_ = nullptr;
