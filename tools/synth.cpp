@@ -136,7 +136,8 @@ void add_synth_command(CLI::App& app) {
     cmd->add_option("--rms-eps", o->rms_eps, "RMSNorm epsilon");
     cmd->add_option("--arch", o->arch,
                     "Architecture: llama, qwen2 (q/k/v biases), qwen3 (per-head q/k norms) or gemma3 (q/k norms, "
-                    "post-norms, GELU FFN, sliding-window layers; head size 256, window 512 unless the preset says)");
+                    "post-norms, GELU FFN, sliding-window layers; head size 256, window 512 unless the preset says) "
+                    "or phi3 (fused attn_qkv and gate/up)");
     cmd->add_option("--tokenizer", o->tokenizer, "Tokenizer: llama (SentencePiece) or gpt2 (byte-level BPE)");
     cmd->add_flag("--tied", o->tied, "No output.weight: the token embedding doubles as output");
     cmd->callback([o] { run_synth(*o); });

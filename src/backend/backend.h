@@ -48,7 +48,8 @@ struct RopeParams {
     bool neox = false;           // pairs (i, i + n_dims/2) instead of (2i, 2i+1)
     float freq_base = 10000.0f;
     float freq_scale = 1.0f;     // linear scaling: position multiplied by this
-    const Weight* freq_factors = nullptr;  // f32 [n_dims/2] divisors of each frequency (llama3), or null
+    const Weight* freq_factors = nullptr;  // f32 [n_dims/2] divisors of each frequency (llama3, LongRoPE), or null
+    float attn_factor = 1.0f;    // cos and sin multiplied by this (LongRoPE's rope.scaling.attn_factor)
 };
 
 // Which sequence (KV slot) and position each token of a batch belongs to.

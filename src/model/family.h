@@ -1,7 +1,7 @@
 // Architecture families: what each adds to the common hyperparameters, which
 // optional tensors its layers carry, and its layer's forward pass, built from
 // the shared blocks of model/blocks.h. One short file per family
-// (llama.cpp, gemma3.cpp); family.cpp lists them.
+// (llama.cpp, gemma3.cpp, phi3.cpp); family.cpp lists them.
 #pragma once
 
 #include <string>
@@ -20,6 +20,10 @@ struct LayerTensors {
     bool qkv_bias = false;    // attn_{q,k,v}.bias
     bool qk_norm = false;     // attn_{q,k}_norm.weight
     bool post_norms = false;  // post_attention_norm.weight, post_ffw_norm.weight
+    // attn_qkv.weight (q, k, v rows in turn) in place of attn_{q,k,v}, and
+    // ffn_up.weight of 2 n_ff rows (gate, then up) in place of ffn_{gate,up}:
+    // taken as views of their rows (phi3). Separate tensors are read where present.
+    bool fused = false;
 };
 
 struct Family {
@@ -32,6 +36,10 @@ struct Family {
     void (*forward_layer)(const LayerPass& pass, const Layer& layer, int il);
 };
 
+// The llama layer (llama.cpp): x += attention(n(x)), then x += SwiGLU FFN(n(x)).
+// Phi-3 runs it too.
+void llama_layer(const LayerPass& pass, const Layer& layer, int il);
+
 // The family of general.architecture `arch`, or null.
 const Family* find_family(std::string_view arch);
 
@@ -39,6 +47,6 @@ const Family* find_family(std::string_view arch);
 std::string family_names();
 
 // The families, one per file.
-extern const Family kLlama, kQwen2, kQwen3, kGemma3;
+extern const Family kLlama, kQwen2, kQwen3, kGemma3, kPhi3;
 
 }  // namespace tern::model

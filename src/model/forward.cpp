@@ -74,7 +74,7 @@ Status Forward::run(const Batch& batch, std::vector<float>& logits) {
 
     auto rows = [n](Tensor t) { t.rows = n; return t; };
     backend::RopeParams rope = h.rope;
-    if (m_.rope_freqs) rope.freq_factors = &m_.rope_freqs;
+    rope.freq_factors = rope_factors(m_, kv_.n_ctx);
     const LayerPass pass{be_, h, rope, shard_, rows(x_), rows(h_), rows(q_), rows(k_), rows(v_),
                          rows(att_), rows(gate_), rows(up_)};
     const Tensor x = pass.x;

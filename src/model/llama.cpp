@@ -4,7 +4,6 @@
 #include "model/family.h"
 
 namespace tern::model {
-namespace {
 
 void llama_layer(const LayerPass& p, const Layer& L, int il) {
     const float eps = p.hp.norm_eps;
@@ -15,6 +14,8 @@ void llama_layer(const LayerPass& p, const Layer& L, int il) {
     gated_ffn(p, L, p.h, GateActivation::Silu, p.h);
     p.be.add(p.x, p.h);
 }
+
+namespace {
 
 Status read_llama(const gguf::File&, Hparams&) { return {}; }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "model/family.h"
+#include "model/tensor_parallel.h"
 #include "quant/quant.h"
 
 namespace tern::model {
@@ -84,6 +85,7 @@ Result<Hparams> read_hparams(const gguf::File& f) {
         return Error{f.path() + ": head dimension " + std::to_string(hp.head_dim) + " is not usable"};
     hp.n_ctx_train = optional_int(f, key(hp, "context_length"), 2048);
     if (hp.n_ctx_train < 1) hp.n_ctx_train = 2048;
+    hp.rope_orig_ctx = optional_int(f, key(hp, "rope.scaling.original_context_length"), hp.n_ctx_train);
 
     if (auto eps = f.get_float(key(hp, "attention.layer_norm_rms_epsilon"))) hp.norm_eps = float(*eps);
     if (!(hp.norm_eps > 0.0f && hp.norm_eps < 1.0f))
@@ -104,6 +106,11 @@ Result<Hparams> read_hparams(const gguf::File& f) {
         if (!factor || !(*factor >= 1.0 && *factor < 1e6))
             return Error{f.path() + ": rope.scaling.factor is missing or out of range"};
         hp.rope.freq_scale = float(1.0 / *factor);
+    }
+    if (auto af = f.get_float(key(hp, "rope.scaling.attn_factor"))) {
+        if (!(*af > 0.0 && *af < 16.0))
+            return Error{f.path() + ": rope.scaling.attn_factor = " + std::to_string(*af) + " is out of range"};
+        hp.rope.attn_factor = float(*af);
     }
 
     const gguf::TensorInfo* embd = f.find_tensor("token_embd.weight");
@@ -141,14 +148,31 @@ Result<Model> describe_model(const gguf::File& f) {
     want(m.output_norm, "output_norm.weight", h.n_embd, 0);
     want(m.output, "output.weight", h.n_embd, h.n_vocab, /*required=*/false);
     want(m.rope_freqs, "rope_freqs.weight", h.rope.n_dims / 2, 0, /*required=*/false);
+    want(m.rope_long, "rope_factors_long.weight", h.rope.n_dims / 2, 0, /*required=*/false);
+    want(m.rope_short, "rope_factors_short.weight", h.rope.n_dims / 2, 0, /*required=*/false);
     m.layers.resize(size_t(h.n_layer));
     for (int i = 0; i < h.n_layer && failed.ok(); ++i) {
         Layer& L = m.layers[size_t(i)];
         const std::string p = "blk." + std::to_string(i) + ".";
         want(L.attn_norm, p + "attn_norm.weight", h.n_embd, 0);
-        want(L.wq, p + "attn_q.weight", h.n_embd, q_dim);
-        want(L.wk, p + "attn_k.weight", h.n_embd, kv_dim);
-        want(L.wv, p + "attn_v.weight", h.n_embd, kv_dim);
+        // Rows r0..r1 of a fused tensor as a weight of their own.
+        auto want_rows = [&](backend::Weight& dst, const backend::Weight& whole, int64_t r0, int64_t r1) {
+            if (!failed.ok()) return;
+            auto v = weight_rows(whole, r0, r1);
+            if (!v.ok()) { failed = Error{f.path() + ": " + v.error().message}; return; }
+            dst = std::move(*v);
+        };
+        if (has.fused && f.find_tensor(p + "attn_qkv.weight")) {
+            backend::Weight qkv;
+            want(qkv, p + "attn_qkv.weight", h.n_embd, q_dim + 2 * kv_dim);
+            want_rows(L.wq, qkv, 0, q_dim);
+            want_rows(L.wk, qkv, q_dim, q_dim + kv_dim);
+            want_rows(L.wv, qkv, q_dim + kv_dim, q_dim + 2 * kv_dim);
+        } else {
+            want(L.wq, p + "attn_q.weight", h.n_embd, q_dim);
+            want(L.wk, p + "attn_k.weight", h.n_embd, kv_dim);
+            want(L.wv, p + "attn_v.weight", h.n_embd, kv_dim);
+        }
         if (has.qkv_bias) {
             want(L.bq, p + "attn_q.bias", q_dim, 0);
             want(L.bk, p + "attn_k.bias", kv_dim, 0);
@@ -160,8 +184,15 @@ Result<Model> describe_model(const gguf::File& f) {
         }
         want(L.wo, p + "attn_output.weight", q_dim, h.n_embd);
         want(L.ffn_norm, p + "ffn_norm.weight", h.n_embd, 0);
-        want(L.w_gate, p + "ffn_gate.weight", h.n_embd, h.n_ff);
-        want(L.w_up, p + "ffn_up.weight", h.n_embd, h.n_ff);
+        if (has.fused && !f.find_tensor(p + "ffn_gate.weight")) {
+            backend::Weight gate_up;
+            want(gate_up, p + "ffn_up.weight", h.n_embd, 2 * int64_t(h.n_ff));
+            want_rows(L.w_gate, gate_up, 0, h.n_ff);
+            want_rows(L.w_up, gate_up, h.n_ff, 2 * int64_t(h.n_ff));
+        } else {
+            want(L.w_gate, p + "ffn_gate.weight", h.n_embd, h.n_ff);
+            want(L.w_up, p + "ffn_up.weight", h.n_embd, h.n_ff);
+        }
         want(L.w_down, p + "ffn_down.weight", h.n_ff, h.n_embd);
         if (has.post_norms) {
             want(L.post_attn_norm, p + "post_attention_norm.weight", h.n_embd, 0);
@@ -181,7 +212,7 @@ namespace {
 template <class M>
 auto weights_of(M& m) {
     using W = std::conditional_t<std::is_const_v<M>, const backend::Weight, backend::Weight>;
-    std::vector<W*> all = {&m.token_embd, &m.output_norm, &m.rope_freqs};
+    std::vector<W*> all = {&m.token_embd, &m.output_norm, &m.rope_freqs, &m.rope_long, &m.rope_short};
     for (auto& L : m.layers)
         for (W* w : {&L.attn_norm, &L.wq, &L.wk, &L.wv, &L.bq, &L.bk, &L.bv, &L.q_norm, &L.k_norm, &L.wo,
                      &L.post_attn_norm, &L.ffn_norm, &L.w_gate, &L.w_up, &L.w_down, &L.post_ffn_norm})
@@ -205,6 +236,13 @@ size_t model_bytes(const Model& described) {
     for (const backend::Weight* w : weights_of(described))
         if (w != &described.output || !same_view(described.output, described.token_embd)) total += weight_bytes(*w);
     return total;
+}
+
+const backend::Weight* rope_factors(const Model& m, int n_ctx) {
+    if (m.rope_freqs) return &m.rope_freqs;
+    if (m.rope_long && n_ctx > m.hp.rope_orig_ctx) return &m.rope_long;
+    if (m.rope_short) return &m.rope_short;
+    return nullptr;
 }
 
 Result<Model> register_model(const Model& described, backend::Backend& be, const LoadProgress& progress) {

@@ -30,7 +30,8 @@ struct Hparams {
     int n_ctx_train = 0;
     float norm_eps = 1e-5f;
     float attn_scale = 0.0f;   // scores = q·k * attn_scale (1/sqrt(head_dim) unless the family says otherwise)
-    backend::RopeParams rope;  // freq_factors left null: the forward pass points it at Model::rope_freqs
+    backend::RopeParams rope;  // freq_factors left null: the forward pass points it at the model's factors
+    int rope_orig_ctx = 0;     // LongRoPE: contexts longer than this use rope_factors_long (else _short)
     float embd_scale = 0.0f;   // embedding rows multiplied by this (gemma3: sqrt(n_embd)); 0: not scaled
     // Sliding-window attention (gemma3): layers il with sliding[il] set attend to
     // the last swa_window positions, with RoPE rope_swa. swa_window 0: none.
@@ -62,7 +63,9 @@ struct Model {
     backend::Weight token_embd;   // (n_vocab rows of n_embd)
     backend::Weight output_norm;  // [n_embd]
     backend::Weight output;       // (n_embd -> n_vocab); the embedding table when tied
-    backend::Weight rope_freqs;   // optional [head_dim/2]
+    backend::Weight rope_freqs;   // optional [n_rot/2] frequency divisors (llama3)
+    backend::Weight rope_long;    // optional [n_rot/2] LongRoPE divisors for contexts past rope_orig_ctx (phi3)
+    backend::Weight rope_short;   // optional [n_rot/2] LongRoPE divisors for the others
     std::vector<Layer> layers;
 };
 
@@ -86,6 +89,10 @@ Result<Model> describe_model(const gguf::File& file);
 // Bytes of weight data register_model() will hand to a backend (a tied output
 // head counted once).
 size_t model_bytes(const Model& described);
+
+// The frequency divisors RoPE uses with a cache of n_ctx positions:
+// rope_freqs, else LongRoPE's long or short factors, else none (null).
+const backend::Weight* rope_factors(const Model& m, int n_ctx);
 
 // Registers every weight of a described model (or of a tensor-parallel shard
 // of one) with the backend, calling `progress` (if given) after each.

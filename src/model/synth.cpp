@@ -55,6 +55,12 @@ std::optional<SynthShape> synth_preset(std::string_view name) {
         s.sliding_window = 512; s.tied_output = true;
         return s;
     }
+    if (name == "phi3-mini") {
+        s.arch = "phi3";
+        s.n_vocab = 32064; s.n_embd = 3072; s.n_layer = 32; s.n_head = 32; s.n_head_kv = 32;
+        s.n_ff = 8192; s.n_ctx = 4096; s.rope_base = 10000.0f; s.rms_eps = 1e-5f;
+        return s;
+    }
     if (name == "qwen2-7b") {
         s.arch = "qwen2";
         s.n_vocab = 152064; s.n_embd = 3584; s.n_layer = 28; s.n_head = 28; s.n_head_kv = 4;
@@ -67,7 +73,7 @@ std::optional<SynthShape> synth_preset(std::string_view name) {
 }
 
 std::vector<std::string> synth_preset_names() {
-    return {"tiny", "llama2-7b", "llama3-8b", "qwen2-7b", "qwen3-8b", "gemma3-270m", "gemma3-4b", "custom"};
+    return {"tiny", "llama2-7b", "llama3-8b", "qwen2-7b", "qwen3-8b", "gemma3-270m", "gemma3-4b", "phi3-mini", "custom"};
 }
 
 Status check_synth_shape(const SynthShape& s) {
@@ -88,8 +94,10 @@ Status check_synth_shape(const SynthShape& s) {
                       in_range("head size", s.n_head_dim, 0, 1024),
                       in_range("sliding window", s.sliding_window, 0, int64_t(1) << 24)})
         if (!st) return st;
-    if (s.arch != "llama" && s.arch != "qwen2" && s.arch != "qwen3" && s.arch != "gemma3")
-        return Error{"architecture '" + s.arch + "' is not one synth can build (llama, qwen2, qwen3, gemma3)"};
+    if (s.arch != "llama" && s.arch != "qwen2" && s.arch != "qwen3" && s.arch != "gemma3" && s.arch != "phi3")
+        return Error{"architecture '" + s.arch + "' is not one synth can build (llama, qwen2, qwen3, gemma3, phi3)"};
+    if (s.longrope_orig_ctx != 0 && (s.arch != "phi3" || s.longrope_orig_ctx < 1 || s.longrope_orig_ctx > s.n_ctx))
+        return Error{"LongRoPE factors are phi3's, with an original context of 1 to n_ctx"};
     if ((s.arch == "gemma3") != (s.sliding_window > 0))
         return Error{"a sliding window is what gemma3 has and the other architectures do not"};
     if (s.n_head_dim == 0 && s.n_embd % s.n_head != 0)
@@ -124,15 +132,23 @@ std::vector<SynthTensor> synth_tensors(const SynthShape& s) {
         t.push_back({std::move(name), std::move(ne), init});
     };
     add("token_embd.weight", {embd, vocab});
+    if (s.longrope_orig_ctx > 0) {
+        add("rope_factors_long.weight", {s.head_dim() / 2}, SynthInit::NearFour);
+        add("rope_factors_short.weight", {s.head_dim() / 2}, SynthInit::NearOne);
+    }
     for (int64_t l = 0; l < s.n_layer; ++l) {
         const std::string p = "blk." + std::to_string(l) + ".";
         add(p + "attn_norm.weight", {embd}, SynthInit::NearOne);
-        add(p + "attn_q.weight", {embd, qd});  // n_head * head_dim outputs
-        if (s.has_qkv_bias()) add(p + "attn_q.bias", {qd});
-        add(p + "attn_k.weight", {embd, kv});    // n_head_kv * head_dim outputs
-        if (s.has_qkv_bias()) add(p + "attn_k.bias", {kv});
-        add(p + "attn_v.weight", {embd, kv});
-        if (s.has_qkv_bias()) add(p + "attn_v.bias", {kv});
+        if (s.fused()) {
+            add(p + "attn_qkv.weight", {embd, qd + 2 * kv});  // q, k, v rows in turn
+        } else {
+            add(p + "attn_q.weight", {embd, qd});  // n_head * head_dim outputs
+            if (s.has_qkv_bias()) add(p + "attn_q.bias", {qd});
+            add(p + "attn_k.weight", {embd, kv});    // n_head_kv * head_dim outputs
+            if (s.has_qkv_bias()) add(p + "attn_k.bias", {kv});
+            add(p + "attn_v.weight", {embd, kv});
+            if (s.has_qkv_bias()) add(p + "attn_v.bias", {kv});
+        }
         if (s.has_qk_norm()) {
             add(p + "attn_q_norm.weight", {s.head_dim()}, SynthInit::NearOne);
             add(p + "attn_k_norm.weight", {s.head_dim()}, SynthInit::NearOne);
@@ -140,8 +156,12 @@ std::vector<SynthTensor> synth_tensors(const SynthShape& s) {
         add(p + "attn_output.weight", {qd, embd});
         if (s.has_post_norms()) add(p + "post_attention_norm.weight", {embd}, SynthInit::NearOne);
         add(p + "ffn_norm.weight", {embd}, SynthInit::NearOne);
-        add(p + "ffn_gate.weight", {embd, ff});
-        add(p + "ffn_up.weight", {embd, ff});
+        if (s.fused()) {
+            add(p + "ffn_up.weight", {embd, 2 * ff});  // gate rows, then up rows
+        } else {
+            add(p + "ffn_gate.weight", {embd, ff});
+            add(p + "ffn_up.weight", {embd, ff});
+        }
         add(p + "ffn_down.weight", {ff, embd});
         if (s.has_post_norms()) add(p + "post_ffw_norm.weight", {embd}, SynthInit::NearOne);
     }
@@ -191,7 +211,7 @@ void fill_normal(uint64_t state, float mean, float stddev, float* out, int64_t n
 void synth_fill_rows(uint64_t seed, const SynthTensor& tensor, int64_t first_row, int64_t n_rows,
                      float* out) {
     const uint64_t tensor_key = hash_name(tensor.name) ^ (seed * 0xD6E8FEB86659FD93ull);
-    const float mean = tensor.init == SynthInit::NearOne ? 1.0f : 0.0f;
+    const float mean = tensor.init == SynthInit::NearOne ? 1.0f : tensor.init == SynthInit::NearFour ? 4.0f : 0.0f;
     const int64_t len = tensor.row_length();
     for (int64_t r = 0; r < n_rows; ++r) {
         uint64_t s = tensor_key + uint64_t(first_row + r) * 0x9E3779B97F4A7C15ull;
@@ -222,6 +242,14 @@ void set_metadata(gguf::Writer& w, const SynthShape& s, const SynthVocab& v, qua
         w.set_u32(a + ".attention.value_length", uint32_t(s.n_head_dim));
     }
     if (s.sliding_window > 0) w.set_u32(a + ".attention.sliding_window", uint32_t(s.sliding_window));
+    if (s.longrope_orig_ctx > 0) {
+        // LongRoPE's attention factor as Phi-3 derives it: sqrt(1 + ln(n_ctx / orig) / ln(orig)).
+        const double scale = double(s.n_ctx) / double(s.longrope_orig_ctx);
+        const double orig = double(std::max<int64_t>(s.longrope_orig_ctx, 2));
+        w.set_u32(a + ".rope.scaling.original_context_length", uint32_t(s.longrope_orig_ctx));
+        w.set_f32(a + ".rope.scaling.attn_factor",
+                  float(scale > 1.0 ? std::sqrt(1.0 + std::log(scale) / std::log(orig)) : 1.0));
+    }
     w.set_f32(a + ".attention.layer_norm_rms_epsilon", s.rms_eps);
     w.set_f32(a + ".rope.freq_base", s.rope_base);
     w.set_u32(a + ".vocab_size", uint32_t(s.n_vocab));

@@ -26,7 +26,8 @@ enum class SynthTokenizer {
 struct SynthShape {
     std::string preset = "custom";  // a name of synth_preset_names()
     std::string arch = "llama";     // "llama", "qwen2" (q/k/v biases), "qwen3" (per-head q/k norms) or
-                                    // "gemma3" (q/k norms, post-norms, GELU, sliding-window layers)
+                                    // "gemma3" (q/k norms, post-norms, GELU, sliding-window layers) or
+                                    // "phi3" (fused attn_qkv and gate/up, optional LongRoPE)
     int64_t n_vocab = 1024;
     int64_t n_embd = 256;
     int64_t n_layer = 2;
@@ -35,6 +36,7 @@ struct SynthShape {
     int64_t n_ff = 512;
     int64_t n_head_dim = 0;         // head size when it is not n_embd / n_head (gemma3), else 0
     int64_t sliding_window = 0;     // gemma3: positions a sliding-window layer attends to
+    int64_t longrope_orig_ctx = 0;  // phi3: > 0 writes LongRoPE factors and this original context
     int64_t n_ctx = 512;
     float rope_base = 10000.0f;
     float rms_eps = 1e-5f;
@@ -48,6 +50,7 @@ struct SynthShape {
     bool has_qkv_bias() const { return arch == "qwen2"; }
     bool has_qk_norm() const { return arch == "qwen3" || arch == "gemma3"; }
     bool has_post_norms() const { return arch == "gemma3"; }
+    bool fused() const { return arch == "phi3"; }
 };
 
 // The named shapes; nullopt for unknown names.
@@ -62,7 +65,8 @@ Status check_synth_shape(const SynthShape& shape);
 // How a tensor's values are drawn.
 enum class SynthInit {
     Normal,   // N(0, 0.02): weight matrices and biases
-    NearOne,  // 1 + N(0, 0.02): norm scales
+    NearOne,  // 1 + N(0, 0.02): norm scales, LongRoPE's short factors
+    NearFour, // 4 + N(0, 0.02): LongRoPE's long factors (real ones run from 1 to about 60)
 };
 
 struct SynthTensor {

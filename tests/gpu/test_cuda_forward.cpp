@@ -265,7 +265,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"qwen2", quant::FileType::Q8_0, kQuantTol}, Case{"qwen3", quant::FileType::ALL_F32, kFloatTol},
                       Case{"qwen3", quant::FileType::Q4_K_M, kQuantTol},
                       Case{"gemma3", quant::FileType::ALL_F32, kFloatTol},
-                      Case{"gemma3", quant::FileType::Q4_K_M, kQuantTol6}),
+                      Case{"gemma3", quant::FileType::Q4_K_M, kQuantTol6},
+                      Case{"phi3", quant::FileType::ALL_F32, kFloatTol},
+                      Case{"phi3", quant::FileType::Q4_K_M, kQuantTol}),
     [](const ::testing::TestParamInfo<Case>& i) { return case_name(i.param); });
 
 // A sequence's logits do not depend on what else is in the batch: two

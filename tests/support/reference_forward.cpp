@@ -8,8 +8,12 @@
 
 namespace tern::ref {
 
-ReferenceForward::ReferenceForward(const gguf::File& file, const model::Hparams& hp)
-    : f_(file), hp_(hp), k_cache_(size_t(hp.n_layer)), v_cache_(size_t(hp.n_layer)) {}
+ReferenceForward::ReferenceForward(const gguf::File& file, const model::Hparams& hp, int n_ctx)
+    : f_(file), hp_(hp), k_cache_(size_t(hp.n_layer)), v_cache_(size_t(hp.n_layer)), n_ctx_(n_ctx) {}
+
+std::vector<float> ReferenceForward::rows_of(const std::vector<float>& w, size_t cols, size_t r0, size_t r1) {
+    return std::vector<float>(w.begin() + int64_t(r0 * cols), w.begin() + int64_t(r1 * cols));
+}
 
 std::vector<float> ReferenceForward::weight(const std::string& name) const {
     const gguf::TensorInfo* t = f_.find_tensor(name);
@@ -60,8 +64,9 @@ void rope(std::vector<float>& v, int n_heads, int head_dim, int pos, const backe
             const int ia = h * head_dim + (rp.neox ? i : 2 * i);
             const int ib = h * head_dim + (rp.neox ? i + half : 2 * i + 1);
             const double x0 = v[size_t(ia)], x1 = v[size_t(ib)];
-            v[size_t(ia)] = float(x0 * std::cos(a) - x1 * std::sin(a));
-            v[size_t(ib)] = float(x0 * std::sin(a) + x1 * std::cos(a));
+            const double c = std::cos(a) * rp.attn_factor, s = std::sin(a) * rp.attn_factor;
+            v[size_t(ia)] = float(x0 * c - x1 * s);
+            v[size_t(ib)] = float(x0 * s + x1 * c);
         }
 }
 
@@ -74,7 +79,9 @@ std::vector<std::vector<float>> ReferenceForward::run(const std::vector<int32_t>
     auto out_w = weight("output.weight");
     if (out_w.empty()) out_w = embd;
     const auto out_norm = weight("output_norm.weight");
-    const auto factors = weight("rope_freqs.weight");
+    // llama3's divisors, else LongRoPE's long ones past the original context, else its short ones
+    auto factors = weight("rope_freqs.weight");
+    if (factors.empty()) factors = weight(n_ctx_ > h.rope_orig_ctx ? "rope_factors_long.weight" : "rope_factors_short.weight");
     std::vector<std::vector<float>> logits;
     std::vector<std::vector<float>> xs;
     for (int32_t tok : tokens) {
@@ -86,11 +93,23 @@ std::vector<std::vector<float>> ReferenceForward::run(const std::vector<int32_t>
     for (int il = 0; il < h.n_layer; ++il) {
         const std::string p = "blk." + std::to_string(il) + ".";
         const auto an = weight(p + "attn_norm.weight"), fn = weight(p + "ffn_norm.weight");
-        const auto wq = weight(p + "attn_q.weight"), wk = weight(p + "attn_k.weight");
-        const auto wv = weight(p + "attn_v.weight"), wo = weight(p + "attn_output.weight");
+        auto wq = weight(p + "attn_q.weight"), wk = weight(p + "attn_k.weight");
+        auto wv = weight(p + "attn_v.weight");
+        const auto wo = weight(p + "attn_output.weight");
+        if (const auto qkv = weight(p + "attn_qkv.weight"); !qkv.empty()) {  // phi3: q, k, v rows in turn
+            const size_t e = size_t(h.n_embd), qd = size_t(h.n_head) * hd, kd = size_t(kvw);
+            wq = rows_of(qkv, e, 0, qd);
+            wk = rows_of(qkv, e, qd, qd + kd);
+            wv = rows_of(qkv, e, qd + kd, qd + 2 * kd);
+        }
         const auto bq = weight(p + "attn_q.bias"), bk = weight(p + "attn_k.bias"), bv = weight(p + "attn_v.bias");
         const auto qn = weight(p + "attn_q_norm.weight"), kn = weight(p + "attn_k_norm.weight");
-        const auto wg = weight(p + "ffn_gate.weight"), wu = weight(p + "ffn_up.weight");
+        auto wg = weight(p + "ffn_gate.weight"), wu = weight(p + "ffn_up.weight");
+        if (wg.empty()) {  // phi3: gate rows, then up rows, in ffn_up
+            const auto both = wu;
+            wg = rows_of(both, size_t(h.n_embd), 0, size_t(h.n_ff));
+            wu = rows_of(both, size_t(h.n_embd), size_t(h.n_ff), 2 * size_t(h.n_ff));
+        }
         const auto wd = weight(p + "ffn_down.weight");
         const auto pan = weight(p + "post_attention_norm.weight"), pfn = weight(p + "post_ffw_norm.weight");
         // gemma3: sliding-window layers see the last swa_window positions, with their own RoPE

@@ -15,17 +15,21 @@ namespace tern::ref {
 class ReferenceForward {
 public:
     // hp as read by model::read_hparams; the file must outlive this object.
-    ReferenceForward(const gguf::File& file, const model::Hparams& hp);
+    // n_ctx: the engine's cache length, which picks LongRoPE's long or short factors.
+    ReferenceForward(const gguf::File& file, const model::Hparams& hp, int n_ctx = 0);
 
     // Appends `tokens` to the single sequence and returns the logits of each (rows of n_vocab).
     std::vector<std::vector<float>> run(const std::vector<int32_t>& tokens);
 
 private:
     std::vector<float> weight(const std::string& name) const;  // dequantized, row-major
+    // Rows r0..r1 of a dequantized matrix of `cols` columns.
+    static std::vector<float> rows_of(const std::vector<float>& w, size_t cols, size_t r0, size_t r1);
     const gguf::File& f_;
     model::Hparams hp_;
     std::vector<std::vector<float>> k_cache_, v_cache_;  // per layer: [pos][n_kv*head_dim]
     int n_past_ = 0;
+    int n_ctx_ = 0;
 };
 
 }  // namespace tern::ref

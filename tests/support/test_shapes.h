@@ -50,9 +50,20 @@ inline model::SynthShape gemma3_shape(int64_t n_embd, int64_t n_head, int64_t n_
     return s;
 }
 
+// A small phi3 (fused attn_qkv and gate/up, NeoX RoPE) with LongRoPE factors
+// for an original context of 32 positions: caches longer than that use the
+// long factors.
+inline model::SynthShape phi3_shape(int64_t n_embd, int64_t n_head, int64_t n_head_kv, int64_t n_ff) {
+    model::SynthShape s = llama_shape(n_embd, n_head, n_head_kv, n_ff);
+    s.arch = "phi3";
+    s.longrope_orig_ctx = 32;
+    return s;
+}
+
 inline model::SynthShape shape_named(const std::string& name) {
     model::SynthShape s = *model::synth_preset("tiny");
     if (name == "tiny") return s;
+    if (name == "phi3") return phi3_shape(256, 4, 4, 512);
     if (name == "gemma3") return gemma3_shape(256, 2, 1, 128, 512);
     // per-head q/k norms, NeoX RoPE, GQA, head dim 128, separate output
     if (name == "qwen3") return as_qwen(llama_shape(256, 2, 1, 512), "qwen3");

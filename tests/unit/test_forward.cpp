@@ -89,7 +89,7 @@ TEST_P(ForwardVsReference, LogitsAgree) {
     std::vector<float> logits;
     ASSERT_TRUE((*fwd)->run(batch, logits).ok());
 
-    ref::ReferenceForward reference(**file, m->hp);
+    ref::ReferenceForward reference(**file, m->hp, 64);
     const auto want = reference.run(tokens);
     const size_t nv = size_t(m->hp.n_vocab);
     double worst = 0;
@@ -119,7 +119,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"qwen3", quant::FileType::Q4_K_M, kQuantTol}, Case{"qwen3", quant::FileType::Q8_0, kQuantTol},
                       Case{"gemma3", quant::FileType::ALL_F32, kFloatTol}, Case{"gemma3", quant::FileType::F16, kFloatTol},
                       Case{"gemma3", quant::FileType::Q4_K_M, kQuantTol6}, Case{"gemma3", quant::FileType::Q8_0, kQuantTol6},
-                      Case{"gemma3", quant::FileType::Q5_0, kQuantTol6}),
+                      Case{"gemma3", quant::FileType::Q5_0, kQuantTol6},
+                      Case{"phi3", quant::FileType::ALL_F32, kFloatTol}, Case{"phi3", quant::FileType::Q4_K_M, kQuantTol},
+                      Case{"phi3", quant::FileType::Q8_0, kQuantTol}),
     [](const ::testing::TestParamInfo<Case>& i) {
         return std::string(i.param.shape) + "_" + std::to_string(int(i.param.ftype));
     });
@@ -127,7 +129,7 @@ INSTANTIATE_TEST_SUITE_P(
 // Prefill of a prompt and token-by-token decode of the same tokens compute the
 // same thing row by row, so with batch-invariant kernels they agree exactly.
 TEST(Forward, PrefillEqualsTokenByTokenDecode) {
-  for (const char* shape : {"tiny", "qwen3", "gemma3"}) {
+  for (const char* shape : {"tiny", "qwen3", "gemma3", "phi3"}) {
     SCOPED_TRACE(shape);
     std::random_device rd;
     const uint64_t seed = rd();
@@ -253,6 +255,39 @@ std::string rewrite_metadata(const gguf::File& f, const std::string& path,
     for (const auto& t : f.tensors()) EXPECT_TRUE(w.write_tensor_data(t.data, t.n_bytes).ok());
     EXPECT_TRUE(w.finish().ok());
     return path;
+}
+
+// LongRoPE (phi3): a cache longer than the original context rotates with the
+// long factors, a shorter one with the short factors, and the attention factor
+// scales both; the engine follows the reference either way, and the choice
+// changes the logits.
+TEST(Forward, LongRopeFactorsFollowTheCacheLength) {
+    const std::string path = write_model(Case{"phi3", quant::FileType::ALL_F32, 0}, 17);
+    auto file = gguf::File::open(path);
+    ASSERT_TRUE(file.ok());
+    auto be = backend::make_cpu_backend(2);
+    auto m = model::load_model(**file, *be);
+    ASSERT_TRUE(m.ok()) << m.error().message;
+    EXPECT_EQ(m->hp.rope_orig_ctx, 32);
+    EXPECT_GT(m->hp.rope.attn_factor, 1.0f);
+    ASSERT_TRUE(m->rope_long && m->rope_short);
+    EXPECT_EQ(model::rope_factors(*m, 32), &m->rope_short);
+    EXPECT_EQ(model::rope_factors(*m, 33), &m->rope_long);
+    const std::vector<int32_t> tokens = {5, 900, 17, 311, 64, 2, 1000, 77, 401, 12, 9, 300};
+    std::vector<float> by_ctx[2];
+    const int ctxs[2] = {24, 64};
+    for (int i = 0; i < 2; ++i) {
+        auto fwd = model::Forward::create(*m, *be, 16, 1, ctxs[i]);
+        ASSERT_TRUE(fwd.ok()) << fwd.error().message;
+        model::Batch batch;
+        for (size_t t = 0; t < tokens.size(); ++t) batch.add(tokens[t], int32_t(t), 0, t + 1 == tokens.size());
+        ASSERT_TRUE((*fwd)->run(batch, by_ctx[i]).ok());
+        ref::ReferenceForward reference(**file, m->hp, ctxs[i]);
+        const auto want = reference.run(tokens);
+        EXPECT_LT(rel_error(by_ctx[i], want.back()), kFloatTol) << "n_ctx " << ctxs[i];
+    }
+    EXPECT_GT(rel_error(by_ctx[0], by_ctx[1]), 10 * kFloatTol) << "long and short factors gave the same logits";
+    std::filesystem::remove(path);
 }
 
 // Gemma 3's sliding layers: every sixth layer global by default; the period

@@ -69,6 +69,8 @@ TEST(Synth, PresetsMatchTheRealParameterCounts) {
     EXPECT_EQ(param_count(*synth_preset("gemma3-270m")), 268098176u);
     EXPECT_EQ(synth_tensors(*synth_preset("gemma3-270m")).size(), 236u);
     EXPECT_EQ(param_count(*synth_preset("gemma3-4b")), 3880263168u);
+    EXPECT_EQ(param_count(*synth_preset("phi3-mini")), 3821079552u);  // Phi-3-mini
+    EXPECT_EQ(synth_tensors(*synth_preset("phi3-mini")).size(), 32u * 6 + 3);  // fused qkv and gate/up
     EXPECT_EQ(synth_tensors(*synth_preset("llama2-7b")).size(), 291u);
     EXPECT_EQ(synth_tensors(*synth_preset("qwen2-7b")).size(), 28u * 12 + 3);
     for (const std::string& name : synth_preset_names()) {

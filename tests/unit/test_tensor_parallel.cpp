@@ -387,7 +387,9 @@ INSTANTIATE_TEST_SUITE_P(
         // Per-head q/k norms: replicated on every rank, applied to its own heads.
         TpCase{"qwen3_q8_0", test::qwen3_shape(), quant::FileType::Q8_0, {2, 4}, kQuantTol},
         // gemma3: post-norms after the all-reduce, sliding-window layers, 4 KV heads of 128.
-        TpCase{"gemma3_q8_0", test::gemma3_shape(512, 8, 4, 128, 1024), quant::FileType::Q8_0, {2, 4}, kQuantTol}),
+        TpCase{"gemma3_q8_0", test::gemma3_shape(512, 8, 4, 128, 1024), quant::FileType::Q8_0, {2, 4}, kQuantTol},
+        // phi3: views of the fused tensors' rows, sharded again; LongRoPE factors replicated.
+        TpCase{"phi3_q8_0", test::phi3_shape(512, 8, 4, 1024), quant::FileType::Q8_0, {2, 4}, kQuantTol}),
     [](const ::testing::TestParamInfo<TpCase>& i) { return std::string(i.param.name); });
 
 // A batch one rank rejects ends the call on every rank with that error (no

@@ -45,8 +45,8 @@ void rope(float* x, int64_t rows, int n_heads, int head_dim, const int32_t* pos,
         std::vector<float> c(static_cast<size_t>(half)), s(static_cast<size_t>(half));
         for (int i = 0; i < half; ++i) {
             const double a = p * inv_freq[size_t(i)];
-            c[size_t(i)] = float(std::cos(a));
-            s[size_t(i)] = float(std::sin(a));
+            c[size_t(i)] = float(std::cos(a) * double(rope.attn_factor));
+            s[size_t(i)] = float(std::sin(a) * double(rope.attn_factor));
         }
         for (int h = 0; h < n_heads; ++h) {
             float* v = x + t * int64_t(n_heads) * head_dim + int64_t(h) * head_dim;

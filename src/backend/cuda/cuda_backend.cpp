@@ -299,6 +299,7 @@ public:
         r.neox = rope.neox;
         r.freq_base = rope.freq_base;
         r.freq_scale = rope.freq_scale;
+        r.attn_factor = rope.attn_factor;
         r.freq_factors = rope.freq_factors ? vec(*rope.freq_factors) : nullptr;
         r.inv_freq = inv_freq_table(rope);
         cuda::rope(x.data, x.rows, pos_dev_, r, stream_);

@@ -104,8 +104,8 @@ __global__ void rope_kernel(float* x, const int32_t* pos, RopeArgs args) {
         const double a = __dmul_rn(p, inv_freq);
         double sn, cs;
         sincos(a, &sn, &cs);
-        trig[i] = float(cs);
-        trig[half + i] = float(sn);
+        trig[i] = float(__dmul_rn(cs, double(args.attn_factor)));
+        trig[half + i] = float(__dmul_rn(sn, double(args.attn_factor)));
     }
     __syncthreads();
 

@@ -23,6 +23,7 @@ struct RopeArgs {
     int n_heads = 0, head_dim = 0, n_dims = 0;
     bool neox = false;
     float freq_base = 10000.0f, freq_scale = 1.0f;
+    float attn_factor = 1.0f;  // cos and sin multiplied by this
     const float* freq_factors = nullptr;
     // Device table of the n_dims/2 inverse frequencies, base^(-2i/n_dims) / factor[i],
     // computed once on the host (pow in double is the kernel's costliest step);
