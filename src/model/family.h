@@ -14,8 +14,9 @@
 
 namespace tern::model {
 
-// The optional tensors of a family's layers; a required one missing is an
-// error naming it.
+// Tensors a family's layers must carry beyond the common ones; a missing
+// one is an error naming it. Biases and q/k norms are also used where a
+// file of another family carries them.
 struct LayerTensors {
     bool qkv_bias = false;    // attn_{q,k,v}.bias
     bool qk_norm = false;     // attn_{q,k}_norm.weight

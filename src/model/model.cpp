@@ -83,9 +83,17 @@ Result<Hparams> read_hparams(const gguf::File& f) {
     hp.head_dim = optional_int(f, key(hp, "attention.key_length"), hp.n_embd / hp.n_head);
     if (hp.head_dim < 2 || hp.head_dim % 2 != 0 || hp.head_dim > 1024)
         return Error{f.path() + ": head dimension " + std::to_string(hp.head_dim) + " is not usable"};
+    if (auto v = f.get_int(key(hp, "attention.value_length")); v && *v != hp.head_dim)
+        return Error{f.path() + ": attention.value_length = " + std::to_string(*v) + " differs from key_length = " +
+                     std::to_string(hp.head_dim) + " (tern needs one head size)"};
     hp.n_ctx_train = optional_int(f, key(hp, "context_length"), 2048);
     if (hp.n_ctx_train < 1) hp.n_ctx_train = 2048;
-    hp.rope_orig_ctx = optional_int(f, key(hp, "rope.scaling.original_context_length"), hp.n_ctx_train);
+    hp.rope_orig_ctx = hp.n_ctx_train;
+    if (f.get_int(key(hp, "rope.scaling.original_context_length"))) {
+        auto orig = require_int(f, key(hp, "rope.scaling.original_context_length"), 1, kBig);
+        if (!orig.ok()) return orig.error();
+        hp.rope_orig_ctx = *orig;
+    }
 
     if (auto eps = f.get_float(key(hp, "attention.layer_norm_rms_epsilon"))) hp.norm_eps = float(*eps);
     if (!(hp.norm_eps > 0.0f && hp.norm_eps < 1.0f))
@@ -150,6 +158,21 @@ Result<Model> describe_model(const gguf::File& f) {
     want(m.rope_freqs, "rope_freqs.weight", h.rope.n_dims / 2, 0, /*required=*/false);
     want(m.rope_long, "rope_factors_long.weight", h.rope.n_dims / 2, 0, /*required=*/false);
     want(m.rope_short, "rope_factors_short.weight", h.rope.n_dims / 2, 0, /*required=*/false);
+    // RoPE divides each frequency by these: a zero, negative or non-finite one is a broken file.
+    for (const backend::Weight* w : {&m.rope_freqs, &m.rope_long, &m.rope_short}) {
+        if (!*w || !failed.ok()) continue;
+        std::vector<float> v(size_t(w->cols));
+        if (!quant::dequantize_row(w->type, w->host, v.data(), w->cols).ok()) {
+            failed = Error{f.path() + ": tensor '" + w->name + "' cannot be read"};
+            continue;
+        }
+        for (float x : v)
+            if (!(x > 0.0f && std::isfinite(x))) {
+                failed = Error{f.path() + ": tensor '" + w->name + "' holds a frequency factor " + std::to_string(x) +
+                               " (each must be a finite number above 0)"};
+                break;
+            }
+    }
     m.layers.resize(size_t(h.n_layer));
     for (int i = 0; i < h.n_layer && failed.ok(); ++i) {
         Layer& L = m.layers[size_t(i)];
@@ -173,15 +196,15 @@ Result<Model> describe_model(const gguf::File& f) {
             want(L.wk, p + "attn_k.weight", h.n_embd, kv_dim);
             want(L.wv, p + "attn_v.weight", h.n_embd, kv_dim);
         }
-        if (has.qkv_bias) {
-            want(L.bq, p + "attn_q.bias", q_dim, 0);
-            want(L.bk, p + "attn_k.bias", kv_dim, 0);
-            want(L.bv, p + "attn_v.bias", kv_dim, 0);
-        }
-        if (has.qk_norm) {
-            want(L.q_norm, p + "attn_q_norm.weight", h.head_dim, 0);
-            want(L.k_norm, p + "attn_k_norm.weight", h.head_dim, 0);
-        }
+        // Biases and q/k norms: required where the family has them, used
+        // wherever a file carries them (a llama file with q/k/v biases).
+        want(L.bq, p + "attn_q.bias", q_dim, 0, has.qkv_bias);
+        want(L.bk, p + "attn_k.bias", kv_dim, 0, has.qkv_bias);
+        want(L.bv, p + "attn_v.bias", kv_dim, 0, has.qkv_bias);
+        want(L.q_norm, p + "attn_q_norm.weight", h.head_dim, 0, has.qk_norm);
+        want(L.k_norm, p + "attn_k_norm.weight", h.head_dim, 0, has.qk_norm);
+        if (bool(L.q_norm) != bool(L.k_norm) && failed.ok())
+            failed = Error{f.path() + ": layer " + std::to_string(i) + " has one of attn_q_norm and attn_k_norm"};
         want(L.wo, p + "attn_output.weight", q_dim, h.n_embd);
         want(L.ffn_norm, p + "ffn_norm.weight", h.n_embd, 0);
         if (has.fused && !f.find_tensor(p + "ffn_gate.weight")) {

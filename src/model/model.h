@@ -1,6 +1,6 @@
 // A loaded model: hyperparameters read from GGUF metadata and the weights of
 // each layer, registered with a backend. One struct serves every family
-// (model/family.h: the llama family with Qwen2 and Qwen3, Gemma 3); a layer
+// (model/family.h: the llama family with Qwen2 and Qwen3, Gemma 3, Phi-3); a layer
 // holds the tensors its family uses and leaves the others empty. The forward
 // pass is in forward.cpp, each family's layer in its own file.
 #pragma once

@@ -290,6 +290,35 @@ TEST(Forward, LongRopeFactorsFollowTheCacheLength) {
     std::filesystem::remove(path);
 }
 
+// A llama file that carries q/k/v biases (as some conversions do) has them
+// loaded and used, not dropped.
+TEST(ModelLoad, LlamaFileWithBiasesUsesThem) {
+    const std::string path = write_model(Case{"qwen2", quant::FileType::ALL_F32, 0}, 3);
+    auto file = gguf::File::open(path);
+    ASSERT_TRUE(file.ok());
+    gguf::Writer w;
+    for (const auto& kv : (*file)->metadata()) {
+        std::string k = kv.key;
+        if (k.rfind("qwen2.", 0) == 0) k = "llama." + k.substr(6);
+        w.set(k, kv.key == "general.architecture" ? gguf::Value::of_string("llama") : kv.value);
+    }
+    for (const auto& t : (*file)->tensors())
+        ASSERT_TRUE(w.add_tensor(t.name, t.type(), std::vector<int64_t>(t.ne, t.ne + t.n_dims)).ok());
+    const std::string as_llama = path + ".llama.gguf";
+    ASSERT_TRUE(w.begin(as_llama).ok());
+    for (const auto& t : (*file)->tensors()) ASSERT_TRUE(w.write_tensor_data(t.data, t.n_bytes).ok());
+    ASSERT_TRUE(w.finish().ok());
+    auto f = gguf::File::open(as_llama);
+    ASSERT_TRUE(f.ok());
+    auto be = backend::make_cpu_backend(1);
+    auto m = model::load_model(**f, *be);
+    ASSERT_TRUE(m.ok()) << m.error().message;
+    EXPECT_EQ(m->hp.arch, "llama");
+    EXPECT_TRUE(m->layers[0].bq && m->layers[0].bk && m->layers[0].bv);
+    std::filesystem::remove(path);
+    std::filesystem::remove(as_llama);
+}
+
 // Gemma 3's sliding layers: every sixth layer global by default; the period
 // or a bool per layer from attention.sliding_window_pattern; the local RoPE
 // base from rope.freq_base_swa; what cannot be honoured is an error naming it.
@@ -334,6 +363,9 @@ TEST(ModelLoad, Gemma3SlidingLayersAndItsMetadata) {
     auto no_window = reread({}, {"gemma3.attention.sliding_window"});
     ASSERT_FALSE(no_window.ok());
     EXPECT_NE(no_window.error().message.find("'gemma3.attention.sliding_window' is missing"), std::string::npos);
+    auto other_v = reread({{"gemma3.attention.value_length", gguf::Value::of_u32(64)}}, {});
+    ASSERT_FALSE(other_v.ok());
+    EXPECT_NE(other_v.error().message.find("value_length = 64"), std::string::npos);
     auto capped = reread({{"gemma3.final_logit_softcapping", gguf::Value::of_f32(30.0f)}}, {});
     ASSERT_FALSE(capped.ok());
     EXPECT_NE(capped.error().message.find("final_logit_softcapping"), std::string::npos);

@@ -24,7 +24,7 @@
 //    separate CTAs (grid y) that write (m, l, acc) partials to the workspace;
 //    a second kernel combines them in segment order. The grid covers n_ctx
 //    positions because pos lives on the device (and the launch must not change
-//    inside a CUDA graph); CTAs of segments past pos[t] exit at once.
+//    inside a CUDA graph); CTAs of segments past pos[t] (or before a sliding window) exit at once.
 //  - prefill (several tokens, no split): a CTA takes a tile of consecutive
 //    tokens times the query heads of one KV head, each warp one head for T
 //    consecutive tokens (T = 4, 2 for head dims over 128), so every K and V
@@ -588,7 +588,7 @@ __global__ void __launch_bounds__(kPrefillWarps * kWarp)
 }
 
 // One CTA of head_dim threads per (token, head) row; thread d merges dim d
-// of the segments 0..pos/seg_len in order (attention_internal.cuh), as the
+// of the segments first/seg_len..pos/seg_len in order (attention_internal.cuh), as the
 // direct kernels merge them. Every thread computes the same running max and
 // denominator from the same values, so they agree bit for bit.
 __global__ void attention_combine_kernel(KvLayer kv, int n_heads, int head_dim, const int32_t* slot,

@@ -23,7 +23,8 @@ struct Partials {
 };
 
 // Segments: the one arithmetic every attention kernel runs, whatever the
-// batch. A (token, head)'s positions 0..pos are cut into segments of seg_len
+// batch. A (token, head)'s positions 0..pos (first..pos in a sliding-window
+// layer: segments wholly before first are skipped) are cut into segments of seg_len
 // positions (a multiple of 32 that depends on the cache's length alone); each
 // segment's online softmax starts afresh, giving (m, l, acc), and segments
 // are merged in order into (M, L, A), starting from (-inf, 0, 0):
@@ -58,7 +59,8 @@ __device__ __forceinline__ const uint16_t* slot_rows(const uint16_t* cache, cons
 
 // Whether the tensor-core kernel takes this shape: head dims 32, 64, 96 and
 // 128, at most kMmaMaxGroup query heads per KV head. The choice depends on the
-// model's shape alone, so prefill and decode always run the same arithmetic.
+// model's shape (and, in attention(), on the layer's window) alone, so prefill
+// and decode always run the same arithmetic.
 constexpr int kMmaMaxGroup = 128;
 bool mma_takes(int group, int head_dim);
 
