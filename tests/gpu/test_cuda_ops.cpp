@@ -113,12 +113,15 @@ TEST_F(CudaOps, RopeMatchesCpu) {
         bool neox;
         float base, scale;
         bool factors;
+        float attn_factor = 1.0f;
     };
     const Config configs[] = {
         {4, 64, 64, false, 10000.0f, 1.0f, false},   // interleaved pairs
         {8, 128, 128, true, 500000.0f, 1.0f, true},  // NeoX pairs, llama3-style frequency factors
         {3, 128, 64, true, 10000.0f, 0.25f, false},  // partial rotary, linear scaling
         {2, 96, 32, false, 1e6f, 1.0f, true},
+        {4, 96, 96, true, 10000.0f, 1.0f, true, 1.19f},  // LongRoPE: factors and an attention factor
+        {2, 256, 256, true, 1e6f, 1.0f, false},          // Gemma 3's head size
     };
     size_t total = 0, not_identical = 0;
     for (const Config& c : configs) {
@@ -143,6 +146,7 @@ TEST_F(CudaOps, RopeMatchesCpu) {
             args.freq_base = c.base;
             args.freq_scale = c.scale;
             args.freq_factors = c.factors ? dfactors.get() : nullptr;
+            args.attn_factor = c.attn_factor;
             cuda::rope(dx.get(), rows, dpos.get(), args, nullptr);
             ASSERT_NO_FATAL_FAILURE(sync_ok());
             const std::vector<float> got = dx.download();
@@ -153,6 +157,7 @@ TEST_F(CudaOps, RopeMatchesCpu) {
             rp.neox = c.neox;
             rp.freq_base = c.base;
             rp.freq_scale = c.scale;
+            rp.attn_factor = c.attn_factor;
             backend::cpu::rope(want.data(), rows, c.n_heads, c.head_dim, pos.data(), rp,
                                c.factors ? factors.data() : nullptr);
 
@@ -192,6 +197,48 @@ TEST_F(CudaOps, SwigluMatchesCpu) {
         for (size_t i = 0; i < want.size(); ++i)
             ASSERT_TRUE(within(got[i], want[i], 1e-6 * std::fabs(double(want[i]))))
                 << "element " << i << " gate " << gate[i] << ": gpu " << got[i] << " cpu " << want[i];
+    }
+}
+
+TEST_F(CudaOps, GegluMatchesCpu) {
+    SCOPED_TRACE(seed_text());
+    for (int64_t n : {1, 3, 17, 4096, 262157}) {
+        SCOPED_TRACE("n " + std::to_string(n));
+        std::vector<float> gate(static_cast<size_t>(n));
+        for (float& g : gate) g = uniform_int(0, 9) == 0 ? uniform(-40.0f, 40.0f) : uniform(-6.0f, 6.0f);
+        gate[size_t(n) / 2] = 0.0f;
+        const std::vector<float> up = normal(size_t(n), 0.0f, 2.0f);
+
+        DeviceBuffer<float> dgate(gate), dup(up);
+        cuda::geglu(dgate.get(), dup.get(), n, nullptr);
+        ASSERT_NO_FATAL_FAILURE(sync_ok());
+        const std::vector<float> got = dgate.download();
+
+        std::vector<float> want = gate;
+        backend::cpu::geglu(want.data(), up.data(), n);
+        // tanhf on the GPU and std::tanh differ by an ulp or two; near gelu's zero
+        // at large negative g the result is tiny, so the bound is relative to |g * up|.
+        for (size_t i = 0; i < want.size(); ++i)
+            ASSERT_TRUE(within(got[i], want[i], 1e-6 * (std::fabs(double(want[i])) + std::fabs(double(gate[i]) * up[i]))))
+                << "element " << i << " gate " << gate[i] << ": gpu " << got[i] << " cpu " << want[i];
+    }
+}
+
+TEST_F(CudaOps, ScaleIsExact) {
+    SCOPED_TRACE(seed_text());
+    constexpr size_t kGuard = 64;  // elements past n that must stay untouched
+    for (int64_t n : {1, 3, 17, 4096, 100003}) {
+        SCOPED_TRACE("n " + std::to_string(n));
+        const std::vector<float> x = normal(size_t(n) + kGuard, 0.0f, 10.0f);
+        const float s = uniform(0.5f, 30.0f);
+        DeviceBuffer<float> dx(x);
+        cuda::scale(dx.get(), s, n, nullptr);
+        ASSERT_NO_FATAL_FAILURE(sync_ok());
+        const std::vector<float> got = dx.download();
+        std::vector<float> want = x;
+        backend::cpu::scale(want.data(), s, n);
+        for (size_t i = 0; i < got.size(); ++i)
+            ASSERT_EQ(fp32_to_bits(got[i]), fp32_to_bits(want[i])) << "element " << i;
     }
 }
 
