@@ -66,6 +66,7 @@ quant::MixModel mix_model_of(const gguf::File& f, quant::FileType ftype) {
     m.n_head_kv = small_int(m.arch + ".attention.head_count_kv");
     if (m.n_head_kv == 0) m.n_head_kv = m.n_head;
     m.has_output = f.find_tensor("output.weight") != nullptr;
+    m.n_expert = small_int(m.arch + ".expert_count");
     return m;
 }
 

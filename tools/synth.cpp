@@ -28,7 +28,7 @@ struct SynthCliOptions {
     uint64_t seed = 0;
     int threads = 0;
     // Overrides of the preset's dimensions.
-    std::optional<int64_t> n_vocab, n_embd, n_layer, n_head, n_head_kv, n_ff, n_ctx;
+    std::optional<int64_t> n_vocab, n_embd, n_layer, n_head, n_head_kv, n_ff, n_ctx, n_expert, n_expert_used;
     std::optional<float> rope_base, rms_eps;
     std::optional<std::string> arch, tokenizer;
     bool tied = false;
@@ -56,7 +56,7 @@ model::SynthShape shape_from(const SynthCliOptions& o) {
     if (o.n_ctx) s.n_ctx = *o.n_ctx;
     if (o.rope_base) s.rope_base = *o.rope_base;
     if (o.rms_eps) s.rms_eps = *o.rms_eps;
-    if (o.arch) {
+    if (o.arch && *o.arch != s.arch) {
         s.arch = *o.arch;
         if (s.arch != "llama" && s.tokenizer == model::SynthTokenizer::Gpt2Bpe) s.bpe_pre = "qwen2";
         if (s.arch == "gemma3" && s.sliding_window == 0) {
@@ -65,6 +65,15 @@ model::SynthShape shape_from(const SynthCliOptions& o) {
         }
         if (s.arch != "gemma3") s.n_head_dim = s.sliding_window = 0;
     }
+    if (s.arch == "qwen3moe" && !s.has_experts() && !o.n_expert) {  // qwen3moe with the preset's widths
+        s.n_expert = 8;
+        s.n_expert_used = 2;
+    }
+    if (o.n_expert) {
+        s.n_expert = *o.n_expert;
+        if (!o.n_expert_used) s.n_expert_used = std::min<int64_t>(s.n_expert, 2);
+    }
+    if (o.n_expert_used) s.n_expert_used = *o.n_expert_used;
     if (o.tokenizer) {
         if (*o.tokenizer == "llama") {
             s.tokenizer = model::SynthTokenizer::SentencePiece;
@@ -135,9 +144,14 @@ void add_synth_command(CLI::App& app) {
     cmd->add_option("--rope-base", o->rope_base, "RoPE frequency base");
     cmd->add_option("--rms-eps", o->rms_eps, "RMSNorm epsilon");
     cmd->add_option("--arch", o->arch,
-                    "Architecture: llama, qwen2 (q/k/v biases), qwen3 (per-head q/k norms) or gemma3 (q/k norms, "
+                    "Architecture: llama, qwen2 (q/k/v biases), qwen3 (per-head q/k norms), qwen3moe (qwen3 with a "
+                    "mixture of experts; 8 experts, 2 used, unless --n-expert says), gemma3 (q/k norms, "
                     "post-norms, GELU FFN, sliding-window layers; head size 256, window 512 unless the preset says) "
                     "or phi3 (fused attn_qkv and gate/up)");
+    cmd->add_option("--n-expert", o->n_expert,
+                    "Experts of a mixture-of-experts FFN, each --n-ff wide (llama: Mixtral's layout; qwen3moe); "
+                    "0: a dense FFN");
+    cmd->add_option("--n-expert-used", o->n_expert_used, "Experts each token is routed to (default 2)");
     cmd->add_option("--tokenizer", o->tokenizer, "Tokenizer: llama (SentencePiece) or gpt2 (byte-level BPE)");
     cmd->add_flag("--tied", o->tied, "No output.weight: the token embedding doubles as output");
     cmd->callback([o] { run_synth(*o); });

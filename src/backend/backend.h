@@ -59,6 +59,9 @@ struct BatchLayout {
     int n_logits = -1;          // rows the step will gather for logits (-1: not known)
 };
 
+// The most experts a mixture-of-experts layer may have (route_experts).
+constexpr int kMaxExperts = 256;
+
 // Per-layer K and V for every slot and position, f16.
 struct KvCacheShape {
     int n_layers = 0;
@@ -130,6 +133,25 @@ public:
     virtual void add(Tensor x, Tensor y) = 0;
     // out[i] = x[rows[i]]
     virtual void gather_rows(Tensor x, const std::vector<int32_t>& rows, Tensor out) = 0;
+
+    // --- mixture of experts (Mixtral, Qwen3-MoE) ---
+    // Routes each token of the current batch (logits: a row per token, a
+    // column per expert) to the k experts of largest logit, the largest first
+    // (ties: the lower index; NaN counts as -inf), weighted by the softmax
+    // over those k logits: exp(l_j - l_0) / sum_i exp(l_i - l_0), summed in
+    // order (a softmax over every expert renormalised over the chosen ones).
+    // The routing is held for the calls below until the next route_experts.
+    // 1 <= k <= logits.cols <= kMaxExperts.
+    virtual void route_experts(Tensor logits, int k) = 0;
+    // Expert matmuls of the routing: y row t*k + j = x_row W_e^T, e the j-th
+    // expert of token t. x_row is x row t when x has a row per token (the FFN
+    // input, which a token's k experts share), row t*k + j when it has k per
+    // token. experts[e] is expert e's matrix; all have one type and shape.
+    // Each output row has the bits matmul() gives that row alone.
+    virtual void matmul_experts(const std::vector<Weight>& experts, Tensor x, Tensor y) = 0;
+    // out[t] = the sum over j of weight(t, j) * y[t*k + j]: w_0 y_0 rounded,
+    // then fma(w_j, y_j, sum) for j = 1..k-1 in order.
+    virtual void combine_experts(Tensor y, Tensor out) = 0;
     // Waits until all issued work is done.
     virtual void synchronize() = 0;
     // The first error any operation hit since the last call (operations are

@@ -37,4 +37,19 @@ void gated_ffn(const LayerPass& p, const Layer& L, Tensor in, GateActivation act
     if (p.shard) p.be.all_reduce_sum(out);
 }
 
+void moe_ffn(const LayerPass& p, const Layer& L, Tensor in, Tensor out) {
+    const int64_t k = p.hp.n_expert_used;
+    // Rows (token t, its j-th expert) at t*k + j.
+    auto pairs = [&](Tensor t) { return Tensor{t.data, in.rows * k, t.cols}; };
+    const Tensor gate = pairs(p.gate), up = pairs(p.up), y = pairs(p.experts_out);
+    p.be.matmul(L.ffn_router, in, p.router);
+    p.be.route_experts(p.router, int(k));
+    p.be.matmul_experts(L.gate_exps, in, gate);
+    p.be.matmul_experts(L.up_exps, in, up);
+    p.be.swiglu(gate, up);
+    p.be.matmul_experts(L.down_exps, gate, y);
+    p.be.combine_experts(y, out);
+    if (p.shard) p.be.all_reduce_sum(out);
+}
+
 }  // namespace tern::model

@@ -1,5 +1,6 @@
-// The blocks every family's layer is built from: attention over the KV cache
-// and the gated feed-forward network, each a few backend calls. Norms and
+// The blocks every family's layer is built from: attention over the KV cache,
+// the gated feed-forward network and the mixture of experts, each a few
+// backend calls. Norms and
 // residual adds are single backend calls the family file makes itself.
 #pragma once
 
@@ -17,7 +18,9 @@ struct LayerPass {
     bool shard;                // a tensor-parallel shard: row-parallel outputs are summed over ranks
     backend::Tensor x;         // the residual stream
     backend::Tensor h;         // a block's input and output
-    backend::Tensor q, k, v, att, gate, up;
+    backend::Tensor q, k, v, att, gate, up;  // gate and up: room for n_expert_used rows per token
+    backend::Tensor router;                  // a mixture of experts' router logits, per token
+    backend::Tensor experts_out;             // and its experts' outputs, n_expert_used rows per token
 };
 
 // out = Wo · attention(rope(Wq·in), rope(Wk·in), Wv·in) for layer il, with
@@ -31,5 +34,10 @@ enum class GateActivation { Silu, Gelu };
 
 // out = W_down · (act(W_gate·in) * W_up·in). in and out may be the same tensor.
 void gated_ffn(const LayerPass& p, const Layer& L, backend::Tensor in, GateActivation act, backend::Tensor out);
+
+// out = the mixture of experts: the router picks hp.n_expert_used experts per
+// token, each a SwiGLU FFN, and their outputs are summed with the router's
+// weights (Backend::route_experts). in and out may be the same tensor.
+void moe_ffn(const LayerPass& p, const Layer& L, backend::Tensor in, backend::Tensor out);
 
 }  // namespace tern::model

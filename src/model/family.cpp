@@ -2,7 +2,7 @@
 
 namespace tern::model {
 namespace {
-const Family* const kFamilies[] = {&kLlama, &kQwen2, &kQwen3, &kGemma3, &kPhi3};
+const Family* const kFamilies[] = {&kLlama, &kQwen2, &kQwen3, &kQwen3Moe, &kGemma3, &kPhi3};
 }  // namespace
 
 const Family* find_family(std::string_view arch) {

@@ -25,6 +25,9 @@ struct LayerTensors {
     // ffn_up.weight of 2 n_ff rows (gate, then up) in place of ffn_{gate,up}:
     // taken as views of their rows (phi3). Separate tensors are read where present.
     bool fused = false;
+    // A mixture-of-experts FFN (ffn_gate_inp and ffn_{gate,up,down}_exps):
+    // Never, when the file's expert_count is above 0 (llama: Mixtral), or Always.
+    enum class Experts { Never, WhenCounted, Always } experts = Experts::Never;
 };
 
 struct Family {
@@ -37,8 +40,8 @@ struct Family {
     void (*forward_layer)(const LayerPass& pass, const Layer& layer, int il);
 };
 
-// The llama layer (llama.cpp): x += attention(n(x)), then x += SwiGLU FFN(n(x)).
-// Phi-3 runs it too.
+// The llama layer (llama.cpp): x += attention(n(x)), then x += SwiGLU FFN(n(x)),
+// the FFN a mixture of experts where the layer has them. Phi-3 runs it too.
 void llama_layer(const LayerPass& pass, const Layer& layer, int il);
 
 // The family of general.architecture `arch`, or null.
@@ -48,6 +51,6 @@ const Family* find_family(std::string_view arch);
 std::string family_names();
 
 // The families, one per file.
-extern const Family kLlama, kQwen2, kQwen3, kGemma3, kPhi3;
+extern const Family kLlama, kQwen2, kQwen3, kQwen3Moe, kGemma3, kPhi3;
 
 }  // namespace tern::model

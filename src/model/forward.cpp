@@ -2,7 +2,9 @@
 // builds it (model/family.h), the output head.
 #include "model/forward.h"
 
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "model/family.h"
 
@@ -30,18 +32,24 @@ Result<std::unique_ptr<Forward>> Forward::create(const Model& model, backend::Ba
     std::unique_ptr<Forward> f(new Forward(model, be, *family, max_tokens));
     const Hparams& h = model.hp;
     const int64_t n = max_tokens;
-    struct Want { Tensor* t; int64_t cols; };
-    const Want wants[] = {
-        {&f->x_, h.n_embd},   {&f->h_, h.n_embd},
-        {&f->q_, int64_t(h.n_head) * h.head_dim},
-        {&f->k_, int64_t(h.n_head_kv) * h.head_dim},
-        {&f->v_, int64_t(h.n_head_kv) * h.head_dim},
-        {&f->att_, int64_t(h.n_head) * h.head_dim},
-        {&f->gate_, h.n_ff},  {&f->up_, h.n_ff},
-        {&f->sel_, h.n_embd}, {&f->logits_, model.output.rows},
+    // A mixture of experts has n_expert_used FFN rows per token.
+    const int64_t ff_rows = n * std::max(1, h.n_expert_used);
+    struct Want { Tensor* t; int64_t rows, cols; };
+    std::vector<Want> wants = {
+        {&f->x_, n, h.n_embd},   {&f->h_, n, h.n_embd},
+        {&f->q_, n, int64_t(h.n_head) * h.head_dim},
+        {&f->k_, n, int64_t(h.n_head_kv) * h.head_dim},
+        {&f->v_, n, int64_t(h.n_head_kv) * h.head_dim},
+        {&f->att_, n, int64_t(h.n_head) * h.head_dim},
+        {&f->gate_, ff_rows, h.n_ff},  {&f->up_, ff_rows, h.n_ff},
+        {&f->sel_, n, h.n_embd}, {&f->logits_, n, model.output.rows},
     };
+    if (h.n_expert > 0) {
+        wants.push_back({&f->router_, n, h.n_expert});
+        wants.push_back({&f->experts_out_, ff_rows, h.n_embd});
+    }
     for (const Want& w : wants) {
-        auto t = be.alloc(n, w.cols);
+        auto t = be.alloc(w.rows, w.cols);
         if (!t.ok()) return Error{"forward workspace: " + t.error().message};
         *w.t = *t;
     }
@@ -76,7 +84,7 @@ Status Forward::run(const Batch& batch, std::vector<float>& logits) {
     backend::RopeParams rope = h.rope;
     rope.freq_factors = rope_factors(m_, kv_.n_ctx);
     const LayerPass pass{be_, h, rope, shard_, rows(x_), rows(h_), rows(q_), rows(k_), rows(v_),
-                         rows(att_), rows(gate_), rows(up_)};
+                         rows(att_), rows(gate_), rows(up_), rows(router_), experts_out_};
     const Tensor x = pass.x;
 
     be_.set_batch(backend::BatchLayout{batch.slot, batch.pos, int(batch.logits_for.size())});

@@ -88,6 +88,7 @@ private:
     backend::KvCacheShape kv_;
     bool shard_ = false;
     backend::Tensor x_, h_, q_, k_, v_, att_, gate_, up_, sel_, logits_;
+    backend::Tensor router_, experts_out_;  // mixtures of experts only
 };
 
 }  // namespace tern::model

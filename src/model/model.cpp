@@ -31,9 +31,9 @@ int optional_int(const gguf::File& f, const std::string& k, int fallback) {
 }
 
 // Looks a tensor up and checks its type is usable and its shape is {ne0, ne1}
-// (ne1 == 0: a 1-D tensor of ne0).
+// (ne1 == 0: a 1-D tensor of ne0), or {ne0, ne1, ne2} when ne2 is given.
 Result<const gguf::TensorInfo*> find_checked(const gguf::File& f, const std::string& name, int64_t ne0,
-                                             int64_t ne1, bool required = true) {
+                                             int64_t ne1, bool required = true, int64_t ne2 = 0) {
     const gguf::TensorInfo* t = f.find_tensor(name);
     if (!t) {
         if (!required) return static_cast<const gguf::TensorInfo*>(nullptr);
@@ -42,11 +42,13 @@ Result<const gguf::TensorInfo*> find_checked(const gguf::File& f, const std::str
     if (!tensor_type_supported(t->type_id))
         return Error{f.path() + ": tensor '" + name + "' has unsupported tensor type " +
                      tensor_type_name(t->type_id)};
-    const bool shape_ok = ne1 == 0 ? (t->n_elements == ne0 && t->ne[0] == ne0)
-                                   : (t->n_dims == 2 && t->ne[0] == ne0 && t->ne[1] == ne1);
+    const bool shape_ok = ne2 > 0    ? (t->n_dims == 3 && t->ne[0] == ne0 && t->ne[1] == ne1 && t->ne[2] == ne2)
+                          : ne1 == 0 ? (t->n_elements == ne0 && t->ne[0] == ne0)
+                                     : (t->n_dims == 2 && t->ne[0] == ne0 && t->ne[1] == ne1);
     if (!shape_ok)
         return Error{f.path() + ": tensor '" + name + "' has shape " + t->shape_string() + ", expected [" +
-                     std::to_string(ne0) + (ne1 ? ", " + std::to_string(ne1) : std::string()) + "]"};
+                     std::to_string(ne0) + (ne1 ? ", " + std::to_string(ne1) : std::string()) +
+                     (ne2 ? ", " + std::to_string(ne2) : std::string()) + "]"};
     return t;
 }
 
@@ -127,6 +129,24 @@ Result<Hparams> read_hparams(const gguf::File& f) {
         return Error{f.path() + ": tensor 'token_embd.weight' has shape " + embd->shape_string() +
                      ", expected [" + std::to_string(hp.n_embd) + ", n_vocab]"};
     hp.n_vocab = int(embd->ne[1]);
+
+    // A mixture of experts: how many, and how many each token is routed to.
+    using Experts = LayerTensors::Experts;
+    const int n_expert = optional_int(f, key(hp, "expert_count"), 0);
+    if (family->tensors.experts == Experts::Always && n_expert == 0)
+        return Error{f.path() + ": metadata '" + key(hp, "expert_count") + "' is missing (" + hp.arch +
+                     " is a mixture of experts)"};
+    if (n_expert != 0) {
+        if (family->tensors.experts == Experts::Never)
+            return Error{f.path() + ": " + hp.arch + " with " + key(hp, "expert_count") + " = " +
+                         std::to_string(n_expert) + " is not supported (mixtures of experts: llama, qwen3moe)"};
+        auto count = require_int(f, key(hp, "expert_count"), 1, backend::kMaxExperts);
+        if (!count.ok()) return count.error();
+        auto used = require_int(f, key(hp, "expert_used_count"), 1, *count);
+        if (!used.ok()) return used.error();
+        hp.n_expert = *count;
+        hp.n_expert_used = *used;
+    }
     if (Status s = family->read_hparams(f, hp); !s.ok()) return Error{s.message()};
     return hp;
 }
@@ -142,9 +162,10 @@ Result<Model> describe_model(const gguf::File& f) {
     const int64_t kv_dim = int64_t(h.n_head_kv) * h.head_dim;
 
     Status failed;
-    auto want = [&](backend::Weight& dst, const std::string& name, int64_t ne0, int64_t ne1, bool required = true) {
+    auto want = [&](backend::Weight& dst, const std::string& name, int64_t ne0, int64_t ne1, bool required = true,
+                    int64_t ne2 = 0) {
         if (!failed.ok()) return;
-        auto t = find_checked(f, name, ne0, ne1, required);
+        auto t = find_checked(f, name, ne0, ne1, required, ne2);
         if (!t.ok()) { failed = t.error(); return; }
         if (*t == nullptr) return;
         auto w = backend::describe_weight(**t);
@@ -207,7 +228,27 @@ Result<Model> describe_model(const gguf::File& f) {
             failed = Error{f.path() + ": layer " + std::to_string(i) + " has one of attn_q_norm and attn_k_norm"};
         want(L.wo, p + "attn_output.weight", q_dim, h.n_embd);
         want(L.ffn_norm, p + "ffn_norm.weight", h.n_embd, 0);
-        if (has.fused && !f.find_tensor(p + "ffn_gate.weight")) {
+        if (h.n_expert > 0) {
+            // Each expert's matrix: rows e*n_ff.. of the stacked tensor (ne = [cols, rows, experts]).
+            const std::string exps[3] = {p + "ffn_gate_exps.weight", p + "ffn_up_exps.weight", p + "ffn_down_exps.weight"};
+            for (const std::string& name : exps)
+                if (!f.find_tensor(name) && failed.ok())
+                    failed = Error{f.path() + ": tensor '" + name + "' is missing (expert_count = " +
+                                   std::to_string(h.n_expert) + " declares a mixture of experts" +
+                                   (f.find_tensor(p + "ffn_gate.weight") ? ", but the file carries a dense FFN)" : ")")};
+            want(L.ffn_router, p + "ffn_gate_inp.weight", h.n_embd, h.n_expert);
+            backend::Weight stacked[3];
+            want(stacked[0], exps[0], h.n_embd, h.n_ff, true, h.n_expert);
+            want(stacked[1], exps[1], h.n_embd, h.n_ff, true, h.n_expert);
+            want(stacked[2], exps[2], h.n_ff, h.n_embd, true, h.n_expert);
+            std::vector<backend::Weight>* per_expert[3] = {&L.gate_exps, &L.up_exps, &L.down_exps};
+            for (int m = 0; m < 3 && failed.ok(); ++m) {
+                per_expert[m]->resize(size_t(h.n_expert));
+                const int64_t rows = stacked[m].rows / h.n_expert;
+                for (int e = 0; e < h.n_expert; ++e)
+                    want_rows((*per_expert[m])[size_t(e)], stacked[m], e * rows, (e + 1) * rows);
+            }
+        } else if (has.fused && !f.find_tensor(p + "ffn_gate.weight")) {
             backend::Weight gate_up;
             want(gate_up, p + "ffn_up.weight", h.n_embd, 2 * int64_t(h.n_ff));
             want_rows(L.w_gate, gate_up, 0, h.n_ff);
@@ -216,7 +257,7 @@ Result<Model> describe_model(const gguf::File& f) {
             want(L.w_gate, p + "ffn_gate.weight", h.n_embd, h.n_ff);
             want(L.w_up, p + "ffn_up.weight", h.n_embd, h.n_ff);
         }
-        want(L.w_down, p + "ffn_down.weight", h.n_ff, h.n_embd);
+        if (h.n_expert == 0) want(L.w_down, p + "ffn_down.weight", h.n_ff, h.n_embd);
         if (has.post_norms) {
             want(L.post_attn_norm, p + "post_attention_norm.weight", h.n_embd, 0);
             want(L.post_ffn_norm, p + "post_ffw_norm.weight", h.n_embd, 0);
@@ -236,10 +277,13 @@ template <class M>
 auto weights_of(M& m) {
     using W = std::conditional_t<std::is_const_v<M>, const backend::Weight, backend::Weight>;
     std::vector<W*> all = {&m.token_embd, &m.output_norm, &m.rope_freqs, &m.rope_long, &m.rope_short};
-    for (auto& L : m.layers)
+    for (auto& L : m.layers) {
         for (W* w : {&L.attn_norm, &L.wq, &L.wk, &L.wv, &L.bq, &L.bk, &L.bv, &L.q_norm, &L.k_norm, &L.wo,
-                     &L.post_attn_norm, &L.ffn_norm, &L.w_gate, &L.w_up, &L.w_down, &L.post_ffn_norm})
+                     &L.post_attn_norm, &L.ffn_norm, &L.w_gate, &L.w_up, &L.w_down, &L.post_ffn_norm, &L.ffn_router})
             all.push_back(w);
+        for (auto* experts : {&L.gate_exps, &L.up_exps, &L.down_exps})
+            for (W& w : *experts) all.push_back(&w);
+    }
     all.push_back(&m.output);
     return all;
 }

@@ -1,6 +1,7 @@
 // A loaded model: hyperparameters read from GGUF metadata and the weights of
 // each layer, registered with a backend. One struct serves every family
-// (model/family.h: the llama family with Qwen2 and Qwen3, Gemma 3, Phi-3); a layer
+// (model/family.h: the llama family with Qwen2, Qwen3 and their mixtures of
+// experts, Gemma 3, Phi-3); a layer
 // holds the tensors its family uses and leaves the others empty. The forward
 // pass is in forward.cpp, each family's layer in its own file.
 #pragma once
@@ -26,7 +27,9 @@ struct Hparams {
     int n_head = 0;
     int n_head_kv = 0;
     int head_dim = 0;         // n_embd / n_head unless the file says otherwise
-    int n_ff = 0;
+    int n_ff = 0;             // the FFN's width; a mixture of experts': each expert's
+    int n_expert = 0;         // experts of a mixture-of-experts FFN (0: a dense FFN)
+    int n_expert_used = 0;    // experts each token is routed to
     int n_ctx_train = 0;
     float norm_eps = 1e-5f;
     float attn_scale = 0.0f;   // scores = q·k * attn_scale (1/sqrt(head_dim) unless the family says otherwise)
@@ -56,6 +59,13 @@ struct Layer {
     backend::Weight w_up;         // (n_embd -> n_ff)
     backend::Weight w_down;       // (n_ff -> n_embd)
     backend::Weight post_ffn_norm;  // [n_embd] RMSNorm of the FFN output before its add (gemma3), or empty
+    // A mixture-of-experts FFN in place of w_gate/w_up/w_down (Mixtral, Qwen3-MoE):
+    // the router and each expert's matrices, views of the file's stacked
+    // ffn_{gate,up,down}_exps tensors (empty for a dense FFN).
+    backend::Weight ffn_router;   // ffn_gate_inp (n_embd -> n_expert)
+    std::vector<backend::Weight> gate_exps, up_exps;  // per expert (n_embd -> n_ff)
+    std::vector<backend::Weight> down_exps;           // per expert (n_ff -> n_embd)
+    bool has_experts() const { return bool(ffn_router); }
 };
 
 struct Model {

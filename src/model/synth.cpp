@@ -41,6 +41,21 @@ std::optional<SynthShape> synth_preset(std::string_view name) {
         s.bpe_pre = "qwen2";
         return s;
     }
+    if (name == "qwen3-30b-a3b") {
+        s.arch = "qwen3moe";
+        s.n_vocab = 151936; s.n_embd = 2048; s.n_layer = 48; s.n_head = 32; s.n_head_kv = 4; s.n_head_dim = 128;
+        s.n_ff = 768; s.n_expert = 128; s.n_expert_used = 8;
+        s.n_ctx = 40960; s.rope_base = 1000000.0f; s.rms_eps = 1e-6f;
+        s.tokenizer = SynthTokenizer::Gpt2Bpe;
+        s.bpe_pre = "qwen2";
+        return s;
+    }
+    if (name == "mixtral-8x7b") {
+        s.n_vocab = 32000; s.n_embd = 4096; s.n_layer = 32; s.n_head = 32; s.n_head_kv = 8;
+        s.n_ff = 14336; s.n_expert = 8; s.n_expert_used = 2;
+        s.n_ctx = 32768; s.rope_base = 1000000.0f; s.rms_eps = 1e-5f;
+        return s;
+    }
     if (name == "gemma3-4b") {
         s.arch = "gemma3";
         s.n_vocab = 262208; s.n_embd = 2560; s.n_layer = 34; s.n_head = 8; s.n_head_kv = 4; s.n_head_dim = 256;
@@ -73,7 +88,8 @@ std::optional<SynthShape> synth_preset(std::string_view name) {
 }
 
 std::vector<std::string> synth_preset_names() {
-    return {"tiny", "llama2-7b", "llama3-8b", "qwen2-7b", "qwen3-8b", "gemma3-270m", "gemma3-4b", "phi3-mini", "custom"};
+    return {"tiny",        "llama2-7b", "llama3-8b", "qwen2-7b",  "qwen3-8b", "qwen3-30b-a3b", "mixtral-8x7b",
+            "gemma3-270m", "gemma3-4b", "phi3-mini", "custom"};
 }
 
 Status check_synth_shape(const SynthShape& s) {
@@ -92,10 +108,17 @@ Status check_synth_shape(const SynthShape& s) {
                       in_range("n_ff", s.n_ff, 1, int64_t(1) << 18),
                       in_range("n_ctx", s.n_ctx, 1, int64_t(1) << 24),
                       in_range("head size", s.n_head_dim, 0, 1024),
-                      in_range("sliding window", s.sliding_window, 0, int64_t(1) << 24)})
+                      in_range("sliding window", s.sliding_window, 0, int64_t(1) << 24),
+                      in_range("n_expert", s.n_expert, 0, 256),
+                      in_range("n_expert_used", s.n_expert_used, s.n_expert > 0 ? 1 : 0, s.n_expert)})
         if (!st) return st;
-    if (s.arch != "llama" && s.arch != "qwen2" && s.arch != "qwen3" && s.arch != "gemma3" && s.arch != "phi3")
-        return Error{"architecture '" + s.arch + "' is not one synth can build (llama, qwen2, qwen3, gemma3, phi3)"};
+    if (s.arch != "llama" && s.arch != "qwen2" && s.arch != "qwen3" && s.arch != "qwen3moe" && s.arch != "gemma3" &&
+        s.arch != "phi3")
+        return Error{"architecture '" + s.arch +
+                     "' is not one synth can build (llama, qwen2, qwen3, qwen3moe, gemma3, phi3)"};
+    if (s.has_experts() ? (s.arch != "llama" && s.arch != "qwen3moe") : s.arch == "qwen3moe")
+        return Error{"experts (--n-expert) are what qwen3moe has and llama may have (Mixtral); the other "
+                     "architectures have none"};
     if (s.longrope_orig_ctx != 0 && (s.arch != "phi3" || s.longrope_orig_ctx < 1 || s.longrope_orig_ctx > s.n_ctx))
         return Error{"LongRoPE factors are phi3's, with an original context of 1 to n_ctx"};
     if ((s.arch == "gemma3") != (s.sliding_window > 0))
@@ -156,13 +179,18 @@ std::vector<SynthTensor> synth_tensors(const SynthShape& s) {
         add(p + "attn_output.weight", {qd, embd});
         if (s.has_post_norms()) add(p + "post_attention_norm.weight", {embd}, SynthInit::NearOne);
         add(p + "ffn_norm.weight", {embd}, SynthInit::NearOne);
-        if (s.fused()) {
+        if (s.has_experts()) {
+            add(p + "ffn_gate_inp.weight", {embd, s.n_expert});  // the router
+            add(p + "ffn_gate_exps.weight", {embd, ff, s.n_expert});
+            add(p + "ffn_up_exps.weight", {embd, ff, s.n_expert});
+            add(p + "ffn_down_exps.weight", {ff, embd, s.n_expert});
+        } else if (s.fused()) {
             add(p + "ffn_up.weight", {embd, 2 * ff});  // gate rows, then up rows
         } else {
             add(p + "ffn_gate.weight", {embd, ff});
             add(p + "ffn_up.weight", {embd, ff});
         }
-        add(p + "ffn_down.weight", {ff, embd});
+        if (!s.has_experts()) add(p + "ffn_down.weight", {ff, embd});
         if (s.has_post_norms()) add(p + "post_ffw_norm.weight", {embd}, SynthInit::NearOne);
     }
     add("output_norm.weight", {embd}, SynthInit::NearOne);
@@ -233,7 +261,17 @@ void set_metadata(gguf::Writer& w, const SynthShape& s, const SynthVocab& v, qua
     w.set_u32(a + ".context_length", uint32_t(s.n_ctx));
     w.set_u32(a + ".embedding_length", uint32_t(s.n_embd));
     w.set_u32(a + ".block_count", uint32_t(s.n_layer));
-    w.set_u32(a + ".feed_forward_length", uint32_t(s.n_ff));
+    if (a == "qwen3moe") {
+        // Qwen3-MoE states each expert's width apart; feed_forward_length is the routed total.
+        w.set_u32(a + ".feed_forward_length", uint32_t(s.n_ff * s.n_expert_used));
+        w.set_u32(a + ".expert_feed_forward_length", uint32_t(s.n_ff));
+    } else {
+        w.set_u32(a + ".feed_forward_length", uint32_t(s.n_ff));
+    }
+    if (s.has_experts()) {
+        w.set_u32(a + ".expert_count", uint32_t(s.n_expert));
+        w.set_u32(a + ".expert_used_count", uint32_t(s.n_expert_used));
+    }
     w.set_u32(a + ".rope.dimension_count", uint32_t(s.head_dim()));
     w.set_u32(a + ".attention.head_count", uint32_t(s.n_head));
     w.set_u32(a + ".attention.head_count_kv", uint32_t(s.n_head_kv));
@@ -331,6 +369,7 @@ Result<SynthSummary> write_synth_model(const std::string& path, const SynthOptio
     mix.n_head = int(s.n_head);
     mix.n_head_kv = int(s.n_head_kv);
     mix.has_output = !s.tied_output;
+    mix.n_expert = int(s.n_expert);
 
     gguf::Writer w;
     set_metadata(w, s, *vocab, opt.ftype);

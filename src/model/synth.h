@@ -1,6 +1,6 @@
 // Synthetic models: GGUF files with the exact shapes, tensor names, metadata and
-// tokenizer layout of real checkpoints (Llama 2 7B, Llama 3 8B, Qwen2 7B, a tiny
-// Llama), filled with seeded random weights. They let tests, benchmarks and the
+// tokenizer layout of real checkpoints (Llama 2/3, Qwen2/3 and Qwen3-MoE,
+// Mixtral, Gemma 3, Phi-3, a tiny Llama), filled with seeded random weights. They let tests, benchmarks and the
 // loader run on realistic files without downloading multi-gigabyte models.
 // Weights are generated and quantized a tensor at a time and streamed to disk,
 // so a 7B file never sits in memory.
@@ -25,7 +25,8 @@ enum class SynthTokenizer {
 
 struct SynthShape {
     std::string preset = "custom";  // a name of synth_preset_names()
-    std::string arch = "llama";     // "llama", "qwen2" (q/k/v biases), "qwen3" (per-head q/k norms) or
+    std::string arch = "llama";     // "llama", "qwen2" (q/k/v biases), "qwen3" (per-head q/k norms),
+                                    // "qwen3moe" (qwen3 with a mixture of experts),
                                     // "gemma3" (q/k norms, post-norms, GELU, sliding-window layers) or
                                     // "phi3" (fused attn_qkv and gate/up, optional LongRoPE)
     int64_t n_vocab = 1024;
@@ -37,6 +38,8 @@ struct SynthShape {
     int64_t n_head_dim = 0;         // head size when it is not n_embd / n_head (gemma3), else 0
     int64_t sliding_window = 0;     // gemma3: positions a sliding-window layer attends to
     int64_t longrope_orig_ctx = 0;  // phi3: > 0 writes LongRoPE factors and this original context
+    int64_t n_expert = 0;           // > 0: a mixture-of-experts FFN of this many experts, each n_ff wide
+    int64_t n_expert_used = 0;      // (llama: Mixtral; qwen3moe) and the experts each token is routed to
     int64_t n_ctx = 512;
     float rope_base = 10000.0f;
     float rms_eps = 1e-5f;
@@ -48,7 +51,8 @@ struct SynthShape {
     int64_t q_dim() const { return n_head * head_dim(); }
     int64_t kv_dim() const { return n_head_kv * head_dim(); }
     bool has_qkv_bias() const { return arch == "qwen2"; }
-    bool has_qk_norm() const { return arch == "qwen3" || arch == "gemma3"; }
+    bool has_qk_norm() const { return arch == "qwen3" || arch == "qwen3moe" || arch == "gemma3"; }
+    bool has_experts() const { return n_expert > 0; }
     bool has_post_norms() const { return arch == "gemma3"; }
     bool fused() const { return arch == "phi3"; }
 };

@@ -109,9 +109,10 @@ Result<TpPlan> plan_tensor_parallel(const Hparams& hp, const Model& model, int n
     // W_down is split along its input (FFN) columns: split points at multiples of every layer's block size.
     std::string widest;  // the tensor that sets the alignment, for the message
     for (const Layer& L : model.layers) {
-        const int64_t be = block_of(L.w_down.type).elems;
-        if (be == 0) return Error{"tensor parallel: '" + L.w_down.name + "' has an unknown block size"};
-        if (std::lcm(plan.ff_align, be) != plan.ff_align) widest = L.w_down.name + ", " + type_name(L.w_down.type);
+        const backend::Weight& down = L.has_experts() ? L.down_exps[0] : L.w_down;  // experts: views of one tensor
+        const int64_t be = block_of(down.type).elems;
+        if (be == 0) return Error{"tensor parallel: '" + down.name + "' has an unknown block size"};
+        if (std::lcm(plan.ff_align, be) != plan.ff_align) widest = down.name + ", " + type_name(down.type);
         plan.ff_align = std::lcm(plan.ff_align, be);
     }
     if (hp.n_ff % plan.ff_align != 0)
@@ -177,9 +178,17 @@ Result<Model> shard_model(const Model& model, const TpPlan& plan, int rank) {
         bias(L.bk, k0, k1);
         bias(L.bv, k0, k1);
         take(L.wo, weight_cols(L.wo, q0, q1));  // row-parallel: the rank's heads are input columns
-        take(L.w_gate, weight_rows(L.w_gate, r.ff_begin, r.ff_end));
-        take(L.w_up, weight_rows(L.w_up, r.ff_begin, r.ff_end));
-        take(L.w_down, weight_cols(L.w_down, r.ff_begin, r.ff_end));
+        if (!L.has_experts()) {
+            take(L.w_gate, weight_rows(L.w_gate, r.ff_begin, r.ff_end));
+            take(L.w_up, weight_rows(L.w_up, r.ff_begin, r.ff_end));
+            take(L.w_down, weight_cols(L.w_down, r.ff_begin, r.ff_end));
+        }
+        // A mixture of experts: every expert split as the dense FFN is; the router is replicated.
+        for (size_t e = 0; e < L.down_exps.size(); ++e) {
+            take(L.gate_exps[e], weight_rows(L.gate_exps[e], r.ff_begin, r.ff_end));
+            take(L.up_exps[e], weight_rows(L.up_exps[e], r.ff_begin, r.ff_end));
+            take(L.down_exps[e], weight_cols(L.down_exps[e], r.ff_begin, r.ff_end));
+        }
     }
     take(s.output, weight_rows(model.output, r.vocab_begin, r.vocab_end));
     if (!failed.ok()) return Error{failed.message()};

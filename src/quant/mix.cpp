@@ -115,6 +115,11 @@ TensorType ffn_down_type(const MixModel& m, TensorType t, int i_layer) {
 TensorType attn_output_type(const MixModel& m, TensorType t) {
     const FileType f = m.ftype;
     if (m.arch == "falcon") return f == FileType::Q3_K_L ? TensorType::Q4_K : t;
+    if (m.n_expert == 8)
+        return (f == FileType::Q2_K || f == FileType::Q3_K_S || f == FileType::Q3_K_M || f == FileType::Q4_K_S ||
+                f == FileType::Q4_K_M)
+                   ? TensorType::Q5_K
+                   : t;
     if (f == FileType::Q2_K) return TensorType::Q3_K;
     if (f == FileType::Q3_K_M) return TensorType::Q4_K;
     if (f == FileType::Q3_K_L) return TensorType::Q5_K;
@@ -220,6 +225,9 @@ TensorType choose_tensor_type(const MixModel& model, std::string_view name, cons
     TensorType t = base;
     if (name == "output.weight" || (!model.has_output && name == "token_embd.weight")) {
         t = output_type(model, base, row_len);
+    } else if (model.n_expert == 8 && (contains(name, "attn_v.weight") || contains(name, "attn_k.weight"))) {
+        // Eight-expert models (Mixtral): their attention is a small share of the file, so it gets q8_0.
+        t = TensorType::Q8_0;
     } else if (contains(name, "attn_v.weight")) {
         t = attn_v_type(model, base, layer);
     } else if (contains(name, "ffn_down")) {

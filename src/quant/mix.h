@@ -46,6 +46,7 @@ struct MixModel {
     int n_head = 0;          // attention.head_count; 0 when unknown
     int n_head_kv = 0;       // attention.head_count_kv; 0 when unknown
     bool has_output = true;  // false when output.weight is absent (tied to token_embd)
+    int n_expert = 0;        // <arch>.expert_count; 0 for a dense model
 };
 
 // True for the tensors a quantizer converts: names ending in ".weight" with two

@@ -104,8 +104,11 @@ std::vector<std::vector<float>> ReferenceForward::run(const std::vector<int32_t>
         }
         const auto bq = weight(p + "attn_q.bias"), bk = weight(p + "attn_k.bias"), bv = weight(p + "attn_v.bias");
         const auto qn = weight(p + "attn_q_norm.weight"), kn = weight(p + "attn_k_norm.weight");
+        const auto router = weight(p + "ffn_gate_inp.weight");  // a mixture of experts, stacked [expert][row][col]
+        const auto eg = weight(p + "ffn_gate_exps.weight"), eu = weight(p + "ffn_up_exps.weight");
+        const auto ed = weight(p + "ffn_down_exps.weight");
         auto wg = weight(p + "ffn_gate.weight"), wu = weight(p + "ffn_up.weight");
-        if (wg.empty()) {  // phi3: gate rows, then up rows, in ffn_up
+        if (wg.empty() && router.empty()) {  // phi3: gate rows, then up rows, in ffn_up
             const auto both = wu;
             wg = rows_of(both, size_t(h.n_embd), 0, size_t(h.n_ff));
             wu = rows_of(both, size_t(h.n_embd), size_t(h.n_ff), 2 * size_t(h.n_ff));
@@ -159,16 +162,49 @@ std::vector<std::vector<float>> ReferenceForward::run(const std::vector<int32_t>
             for (int i = 0; i < h.n_embd; ++i) xs[t][size_t(i)] += o[size_t(i)];
             hbuf = xs[t];
             rms_norm(hbuf, fn, h.norm_eps);
-            auto g = matvec(wg, hbuf);
-            const auto u = matvec(wu, hbuf);
             const bool gelu = h.arch == "gemma3";
-            for (size_t i = 0; i < g.size(); ++i) {
-                const double x = g[i];
-                const double act = gelu ? 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
-                                        : x / (1.0 + std::exp(-x));
-                g[i] = float(act * u[i]);
+            auto ffn = [&](const std::vector<float>& Wg, const std::vector<float>& Wu, const std::vector<float>& Wd) {
+                auto g = matvec(Wg, hbuf);
+                const auto u = matvec(Wu, hbuf);
+                for (size_t i = 0; i < g.size(); ++i) {
+                    const double x = g[i];
+                    const double act = gelu ? 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
+                                            : x / (1.0 + std::exp(-x));
+                    g[i] = float(act * u[i]);
+                }
+                return matvec(Wd, g);
+            };
+            std::vector<float> d;
+            if (router.empty()) {
+                d = ffn(wg, wu, wd);
+            } else {
+                // The k experts of largest router logit (ties: the lower index), weighted by the softmax over them.
+                const auto logit = matvec(router, hbuf);
+                const int k = h.n_expert_used;
+                std::vector<int32_t> chosen;
+                if (size_t(il) < forced_.size() && !forced_[size_t(il)].empty()) {
+                    chosen.assign(forced_[size_t(il)].begin() + int64_t(t) * k,
+                                  forced_[size_t(il)].begin() + int64_t(t + 1) * k);
+                } else {
+                    std::vector<int32_t> order(logit.size());
+                    for (size_t e = 0; e < order.size(); ++e) order[e] = int32_t(e);
+                    std::stable_sort(order.begin(), order.end(),
+                                     [&](int32_t a, int32_t b) { return logit[size_t(a)] > logit[size_t(b)]; });
+                    chosen.assign(order.begin(), order.begin() + k);
+                }
+                double wsum = 0;
+                std::vector<double> w(static_cast<size_t>(k));
+                for (int j = 0; j < k; ++j)
+                    wsum += (w[size_t(j)] = std::exp(double(logit[size_t(chosen[size_t(j)])]) - logit[size_t(chosen[0])]));
+                const size_t e_in = size_t(h.n_embd) * size_t(h.n_ff);  // floats of one expert's matrix
+                d.assign(size_t(h.n_embd), 0.0f);
+                for (int j = 0; j < k; ++j) {
+                    const size_t e = size_t(chosen[size_t(j)]);
+                    auto one = [&](const std::vector<float>& all) { return rows_of(all, 1, e * e_in, (e + 1) * e_in); };
+                    const auto y = ffn(one(eg), one(eu), one(ed));
+                    for (int i = 0; i < h.n_embd; ++i) d[size_t(i)] += float(w[size_t(j)] / wsum * y[size_t(i)]);
+                }
             }
-            auto d = matvec(wd, g);
             if (!pfn.empty()) rms_norm(d, pfn, h.norm_eps);
             for (int i = 0; i < h.n_embd; ++i) xs[t][size_t(i)] += d[size_t(i)];
         }
@@ -178,6 +214,7 @@ std::vector<std::vector<float>> ReferenceForward::run(const std::vector<int32_t>
         logits.push_back(matvec(out_w, x));
     }
     n_past_ += int(tokens.size());
+    forced_.clear();
     return logits;
 }
 

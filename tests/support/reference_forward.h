@@ -1,4 +1,5 @@
-// A straightforward f32 forward pass for every family (llama, qwen2/3, gemma3), independent of the
+// A straightforward f32 forward pass for every family (llama with or without experts, qwen2/3,
+// qwen3moe, gemma3, phi3), independent of the
 // backend code: every weight dequantized with the reference dequantizer, plain
 // loops, full softmax attention over an f32 cache. Slow and obvious on purpose:
 // the engine's forward pass is checked against it.
@@ -21,6 +22,13 @@ public:
     // Appends `tokens` to the single sequence and returns the logits of each (rows of n_vocab).
     std::vector<std::vector<float>> run(const std::vector<int32_t>& tokens);
 
+    // Mixtures of experts: the next run() routes token t of layer il to
+    // experts[il][t*k .. t*k + k) instead of the top k of its own router
+    // logits (weights still from its own logits). For comparing a quantized
+    // engine, whose activations are rounded, where a near tie of two logits
+    // could pick another expert than the exact arithmetic does.
+    void force_experts(std::vector<std::vector<int32_t>> experts) { forced_ = std::move(experts); }
+
 private:
     std::vector<float> weight(const std::string& name) const;  // dequantized, row-major
     // Rows r0..r1 of a dequantized matrix of `cols` columns.
@@ -30,6 +38,7 @@ private:
     std::vector<std::vector<float>> k_cache_, v_cache_;  // per layer: [pos][n_kv*head_dim]
     int n_past_ = 0;
     int n_ctx_ = 0;
+    std::vector<std::vector<int32_t>> forced_;
 };
 
 }  // namespace tern::ref

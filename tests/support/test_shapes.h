@@ -3,7 +3,8 @@
 // attention, widths that K-quants can split), "qwen3" (per-head q/k norms,
 // NeoX RoPE, grouped-query attention, head dim 128) and "gemma3" (six layers:
 // five with a sliding window of 5 positions and one global, head dim 128 on
-// a 256-wide model, post-norms, GELU FFN, scaled embeddings, tied output).
+// a 256-wide model, post-norms, GELU FFN, scaled embeddings, tied output),
+// "phi3", and the mixtures of experts "qwen3moe" and "mixtral" (moe_shape).
 #pragma once
 
 #include <cstdint>
@@ -60,9 +61,22 @@ inline model::SynthShape phi3_shape(int64_t n_embd, int64_t n_head, int64_t n_he
     return s;
 }
 
+// A small mixture of experts: qwen3moe (8 experts, 3 routed per token: k
+// neither a power of two nor 1) or a llama with experts (Mixtral's layout, 4
+// experts, 2 routed), each expert 256 wide.
+inline model::SynthShape moe_shape(const std::string& arch) {
+    model::SynthShape s = arch == "qwen3moe" ? as_qwen(llama_shape(256, 2, 1, 256), "qwen3moe")
+                                             : llama_shape(256, 4, 2, 256);
+    s.n_expert = arch == "qwen3moe" ? 8 : 4;
+    s.n_expert_used = arch == "qwen3moe" ? 3 : 2;
+    return s;
+}
+
 inline model::SynthShape shape_named(const std::string& name) {
     model::SynthShape s = *model::synth_preset("tiny");
     if (name == "tiny") return s;
+    if (name == "qwen3moe") return moe_shape("qwen3moe");
+    if (name == "mixtral") return moe_shape("llama");
     if (name == "phi3") return phi3_shape(256, 4, 4, 512);
     if (name == "gemma3") return gemma3_shape(256, 2, 1, 128, 512);
     // per-head q/k norms, NeoX RoPE, GQA, head dim 128, separate output

@@ -21,6 +21,7 @@
 #include "model/synth.h"
 #include "quant/quant.h"
 #include "runtime/engine.h"
+#include "tests/support/forwarding_backend.h"
 
 namespace tern {
 namespace {
@@ -108,49 +109,16 @@ TEST(CheckGpu, SaysWhyAGpuCannotBeUsed) {
 }
 
 // A CPU backend that records each weight registered with it.
-class RecordingBackend : public backend::Backend {
+class RecordingBackend : public test::ForwardingBackend {
 public:
+    RecordingBackend() : ForwardingBackend(backend::make_cpu_backend(1)) {}
     std::vector<std::pair<std::string, size_t>> registered;  // name, bytes
 
     std::string name() const override { return "recording"; }
     Result<backend::Weight> register_weight(const backend::Weight& w) override {
         registered.emplace_back(w.name, size_t(w.rows) * quant::row_bytes(w.type, w.cols));
-        return cpu_->register_weight(w);
+        return be_->register_weight(w);
     }
-    Result<backend::Tensor> alloc(int64_t rows, int64_t cols) override { return cpu_->alloc(rows, cols); }
-    Status init_kv_cache(const backend::KvCacheShape& s) override { return cpu_->init_kv_cache(s); }
-    void upload(const float* host, backend::Tensor dst) override { cpu_->upload(host, dst); }
-    void download(backend::Tensor src, float* host) override { cpu_->download(src, host); }
-    void set_batch(const backend::BatchLayout& l) override { cpu_->set_batch(l); }
-    void embed(const backend::Weight& t, const std::vector<int32_t>& ids, backend::Tensor out) override {
-        cpu_->embed(t, ids, out);
-    }
-    void rms_norm(backend::Tensor x, const backend::Weight& w, float eps, backend::Tensor out) override {
-        cpu_->rms_norm(x, w, eps, out);
-    }
-    void matmul(const backend::Weight& w, backend::Tensor x, backend::Tensor y, const backend::Weight* b) override {
-        cpu_->matmul(w, x, y, b);
-    }
-    void rope(backend::Tensor x, int n_heads, int head_dim, const backend::RopeParams& r) override {
-        cpu_->rope(x, n_heads, head_dim, r);
-    }
-    void kv_store(int layer, backend::Tensor k, backend::Tensor v) override { cpu_->kv_store(layer, k, v); }
-    void attention(int layer, backend::Tensor q, int n_heads, float scale, int window, backend::Tensor out) override {
-        cpu_->attention(layer, q, n_heads, scale, window, out);
-    }
-    void swiglu(backend::Tensor gate, backend::Tensor up) override { cpu_->swiglu(gate, up); }
-    void geglu(backend::Tensor gate, backend::Tensor up) override { cpu_->geglu(gate, up); }
-    void scale(backend::Tensor x, float s) override { cpu_->scale(x, s); }
-    void add(backend::Tensor x, backend::Tensor y) override { cpu_->add(x, y); }
-    void gather_rows(backend::Tensor x, const std::vector<int32_t>& rows, backend::Tensor out) override {
-        cpu_->gather_rows(x, rows, out);
-    }
-    void all_reduce_sum(backend::Tensor x) override { cpu_->all_reduce_sum(x); }
-    void synchronize() override { cpu_->synchronize(); }
-    Status take_error() override { return cpu_->take_error(); }
-
-private:
-    std::unique_ptr<backend::Backend> cpu_ = backend::make_cpu_backend(1);
 };
 
 struct SynthFile {

@@ -71,6 +71,13 @@ TEST(Synth, PresetsMatchTheRealParameterCounts) {
     EXPECT_EQ(param_count(*synth_preset("gemma3-4b")), 3880263168u);
     EXPECT_EQ(param_count(*synth_preset("phi3-mini")), 3821079552u);  // Phi-3-mini
     EXPECT_EQ(synth_tensors(*synth_preset("phi3-mini")).size(), 32u * 6 + 3);  // fused qkv and gate/up
+    // The mixtures of experts: Qwen3-30B-A3B (128 experts of 768, 8 used) and
+    // Mixtral 8x7B (8 of 14336, 2 used), their published parameter counts; a
+    // layer's experts are three stacked tensors beside the router.
+    EXPECT_EQ(param_count(*synth_preset("qwen3-30b-a3b")), 30532122624u);
+    EXPECT_EQ(synth_tensors(*synth_preset("qwen3-30b-a3b")).size(), 48u * 12 + 3);
+    EXPECT_EQ(param_count(*synth_preset("mixtral-8x7b")), 46702792704u);
+    EXPECT_EQ(synth_tensors(*synth_preset("mixtral-8x7b")).size(), 32u * 10 + 3);
     EXPECT_EQ(synth_tensors(*synth_preset("llama2-7b")).size(), 291u);
     EXPECT_EQ(synth_tensors(*synth_preset("qwen2-7b")).size(), 28u * 12 + 3);
     for (const std::string& name : synth_preset_names()) {

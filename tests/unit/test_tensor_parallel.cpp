@@ -297,6 +297,16 @@ std::vector<std::vector<float>> run_sequence(const RunFn& run, const std::vector
     return rows;
 }
 
+// A mixture of experts whose 4 KV heads and 512-wide experts divide over 2 and 4 ranks.
+model::SynthShape moe_tp_shape(const std::string& arch) {
+    model::SynthShape s = test::moe_shape(arch);
+    s.n_embd = 512;
+    s.n_head = 8;
+    s.n_head_kv = 4;
+    s.n_ff = 512;
+    return s;
+}
+
 class CpuTp : public ::testing::TestWithParam<TpCase> {};
 
 TEST_P(CpuTp, EqualsUnshardedForward) {
@@ -389,7 +399,12 @@ INSTANTIATE_TEST_SUITE_P(
         // gemma3: post-norms after the all-reduce, sliding-window layers, 4 KV heads of 128.
         TpCase{"gemma3_q8_0", test::gemma3_shape(512, 8, 4, 128, 1024), quant::FileType::Q8_0, {2, 4}, kQuantTol},
         // phi3: views of the fused tensors' rows, sharded again; LongRoPE factors replicated.
-        TpCase{"phi3_q8_0", test::phi3_shape(512, 8, 4, 1024), quant::FileType::Q8_0, {2, 4}, kQuantTol}),
+        TpCase{"phi3_q8_0", test::phi3_shape(512, 8, 4, 1024), quant::FileType::Q8_0, {2, 4}, kQuantTol},
+        // Mixtures of experts: every expert split like the dense FFN, the router replicated. Float
+        // files only: rounded activations could break a near tie of two router logits differently
+        // on the ranks' summed residual than on the unsharded one, and pick another expert.
+        TpCase{"qwen3moe_f32", moe_tp_shape("qwen3moe"), quant::FileType::ALL_F32, {2, 4}, kFloatTol},
+        TpCase{"mixtral_f16", moe_tp_shape("llama"), quant::FileType::F16, {2, 4}, kFloatTol}),
     [](const ::testing::TestParamInfo<TpCase>& i) { return std::string(i.param.name); });
 
 // A batch one rank rejects ends the call on every rank with that error (no

@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <deque>
 #include <optional>
@@ -177,6 +178,87 @@ public:
             std::memmove(out.row(int64_t(i)), x.row(rows[i]), size_t(x.cols) * sizeof(float));
     }
 
+    void route_experts(Tensor logits, int k) override {
+        if (k < 1 || k > logits.cols || logits.cols > kMaxExperts)
+            return note(Error{"route_experts: " + std::to_string(k) + " of " + std::to_string(logits.cols) +
+                              " experts cannot be routed (1 <= k <= experts <= " + std::to_string(kMaxExperts) + ")"});
+        route_k_ = k;
+        route_ids_.resize(size_t(logits.rows * k));
+        route_w_.resize(size_t(logits.rows * k));
+        for (int64_t t = 0; t < logits.rows; ++t)
+            cpu::route_top_k(logits.row(t), int(logits.cols), k, &route_ids_[size_t(t * k)], &route_w_[size_t(t * k)]);
+    }
+
+    // Each expert's rows gathered (quantized once, when its type reads
+    // quantized activations), one matmul per expert, the rows put back.
+    void matmul_experts(const std::vector<Weight>& experts, Tensor x, Tensor y) override {
+        const int64_t n_pairs = int64_t(route_ids_.size()), k = route_k_;
+        if (n_pairs == 0 || (x.rows != n_pairs && x.rows * k != n_pairs) || y.rows != n_pairs || experts.empty())
+            return note(Error{"matmul_experts: " + std::to_string(x.rows) + " input rows do not match the routing of " +
+                              std::to_string(n_pairs / std::max<int64_t>(k, 1)) + " tokens"});
+        const Weight& w0 = experts[0];
+        const int64_t per = x.rows == n_pairs ? 1 : k;  // pairs per input row
+        const bool quantized = quant::dot_int_type(w0.type) && x.cols % quant::QK8A == 0;
+        const int64_t xb = x.cols / quant::QK8A;
+        try {
+            if (quantized) {
+                shared_xq_.resize(size_t(x.rows * xb));
+                if (Status s = cpu::quantize_activations(x.data, x.rows, x.cols, shared_xq_.data(), matmul_opt_,
+                                                         cpu::reads_grouped_acts(w0.type, matmul_opt_));
+                    !s.ok())
+                    return note(s);
+            }
+            expert_pairs_.assign(experts.size(), {});
+            for (int64_t p = 0; p < n_pairs; ++p) {
+                const int32_t e = route_ids_[size_t(p)];
+                if (e < 0 || size_t(e) >= experts.size())
+                    return note(Error{"matmul_experts: expert " + std::to_string(e) + " of " +
+                                      std::to_string(experts.size()) + " does not exist"});
+                expert_pairs_[size_t(e)].push_back(p);
+            }
+            for (size_t e = 0; e < experts.size(); ++e) {
+                const std::vector<int64_t>& pairs = expert_pairs_[e];
+                const int64_t n = int64_t(pairs.size());
+                if (n == 0) continue;
+                expert_y_.resize(size_t(n * y.cols));
+                Status s;
+                if (quantized) {
+                    expert_xq_.resize(size_t(n * xb));
+                    for (int64_t i = 0; i < n; ++i)
+                        std::memcpy(&expert_xq_[size_t(i * xb)], &shared_xq_[size_t(pairs[size_t(i)] / per * xb)],
+                                    size_t(xb) * sizeof(quant::block_q8a));
+                    s = cpu::matmul_q8a(experts[e], expert_xq_.data(), n, expert_y_.data(), matmul_opt_);
+                } else {
+                    expert_x_.resize(size_t(n * x.cols));
+                    for (int64_t i = 0; i < n; ++i)
+                        std::memcpy(&expert_x_[size_t(i * x.cols)], x.row(pairs[size_t(i)] / per),
+                                    size_t(x.cols) * sizeof(float));
+                    s = cpu::matmul(experts[e], expert_x_.data(), n, expert_y_.data(), matmul_opt_);
+                }
+                if (!s.ok()) return note(s);
+                for (int64_t i = 0; i < n; ++i)
+                    std::memcpy(y.row(pairs[size_t(i)]), &expert_y_[size_t(i * y.cols)], size_t(y.cols) * sizeof(float));
+            }
+        } catch (const std::bad_alloc&) {
+            note(Error{"matmul_experts: out of memory for " + std::to_string(n_pairs) + " routed rows"});
+        }
+    }
+
+    void combine_experts(Tensor y, Tensor out) override {
+        const int64_t k = route_k_;
+        if (y.rows != int64_t(route_ids_.size()) || out.rows * k != y.rows || out.cols != y.cols)
+            return note(Error{"combine_experts: shapes do not match the routing"});
+#pragma omp parallel for schedule(static) if (out.rows > 1)
+        for (int64_t t = 0; t < out.rows; ++t) {
+            float* o = out.row(t);
+            for (int64_t i = 0; i < out.cols; ++i) {
+                float acc = route_w_[size_t(t * k)] * y.row(t * k)[i];
+                for (int64_t j = 1; j < k; ++j) acc = std::fma(route_w_[size_t(t * k + j)], y.row(t * k + j)[i], acc);
+                o[i] = acc;
+            }
+        }
+    }
+
     void all_reduce_sum(Tensor x) override {
         if (!host_) return note(Error{"cpu: all_reduce_sum needs a host group (this backend " +
                                      std::string(group_ ? "is in a " + group_->kind() + " group)" : "has none)")});
@@ -223,6 +305,14 @@ private:
     std::deque<std::vector<float>> buffers_;
     std::deque<std::vector<float>> small_f32_;
     std::vector<quant::block_q8a> shared_xq_;  // matmul_shared's quantized input
+    // The routing of route_experts: k experts and weights per token, and the
+    // expert matmuls' gathered rows.
+    int route_k_ = 0;
+    std::vector<int32_t> route_ids_;
+    std::vector<float> route_w_;
+    std::vector<std::vector<int64_t>> expert_pairs_;
+    std::vector<quant::block_q8a> expert_xq_;
+    std::vector<float> expert_x_, expert_y_;
     cpu::MatmulOptions matmul_opt_;
     KvCacheShape kv_shape_;
     std::vector<uint16_t> k_, v_;

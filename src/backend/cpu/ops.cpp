@@ -84,6 +84,23 @@ void scale(float* x, float s, int64_t n) {
     for (int64_t i = 0; i < n; ++i) x[i] *= s;
 }
 
+void route_top_k(const float* logits, int n_expert, int k, int32_t* ids, float* weights) {
+    auto key = [&](int e) { return std::isnan(logits[e]) ? -INFINITY : logits[e]; };
+    uint64_t taken[(kMaxExperts + 63) / 64] = {};
+    for (int j = 0; j < k; ++j) {
+        int best = -1;
+        for (int e = 0; e < n_expert; ++e) {
+            if (taken[e >> 6] >> (e & 63) & 1) continue;
+            if (best < 0 || key(e) > key(best)) best = e;  // strictly greater: ties keep the lower index
+        }
+        taken[best >> 6] |= uint64_t(1) << (best & 63);
+        ids[j] = best;
+    }
+    float sum = 0.0f;
+    for (int j = 0; j < k; ++j) sum += (weights[j] = std::exp(logits[ids[j]] - logits[ids[0]]));
+    for (int j = 0; j < k; ++j) weights[j] /= sum;
+}
+
 namespace {
 
 #if defined(__x86_64__)

@@ -26,6 +26,12 @@ void geglu(float* gate, const float* up, int64_t n);
 // x *= s over n values.
 void scale(float* x, float s, int64_t n);
 
+// One token's expert routing (Backend::route_experts): ids[0..k) the experts
+// of the k largest of n_expert logits, the largest first (ties: the lower
+// index; NaN as -inf), weights[j] = exp(l_j - l_0) / sum_i exp(l_i - l_0)
+// summed in j order. 1 <= k <= n_expert.
+void route_top_k(const float* logits, int n_expert, int k, int32_t* ids, float* weights);
+
 // Attention of the n_q query heads that share KV head kv_head (q and out hold
 // them back to back) over a run of cached positions: K and V are f16 laid out
 // [pos][n_kv_heads][head_dim]. Each position's K and V rows are converted once
