@@ -76,16 +76,22 @@ static std::string size_label_of(const gguf::File& f, uint64_t n_params) {
 ModelInfo describe_model(runtime::Engine& e, const std::string& path) {
     ModelInfo m;
     m.filename = path;
-    uint64_t embedding = 0;
+    uint64_t embedding = 0, experts = 0;
     bool tied = true;
     for (const gguf::TensorInfo& t : e.file().tensors()) {
         m.size += t.n_bytes;
         m.n_params += uint64_t(t.n_elements);
         if (t.name == "token_embd.weight") embedding = t.n_bytes;
         if (t.name == "output.weight") tied = false;
+        if (t.name.find("_exps.weight") != std::string::npos) experts += t.n_bytes;
     }
-    // A token reads one row of the embedding table, unless it is also the output head.
-    m.weight_bytes = m.size - (tied ? 0 : embedding);
+    // A token reads one row of the embedding table, unless it is also the output head,
+    // and of a mixture of experts only the experts it is routed to.
+    const model::Hparams& hp = e.model().hp;
+    const uint64_t unread_experts = hp.n_expert > 0 ? experts / uint64_t(hp.n_expert) *
+                                                           uint64_t(hp.n_expert - hp.n_expert_used)
+                                                     : 0;
+    m.weight_bytes = m.size - (tied ? 0 : embedding) - unread_experts;
     std::string ftype = "?";
     if (auto id = e.file().get_int("general.file_type"); id && *id >= 0 && *id <= int64_t(UINT32_MAX))
         ftype = quant::file_type_name(uint32_t(*id)).value_or("?");

@@ -149,6 +149,16 @@ public:
     // token. experts[e] is expert e's matrix; all have one type and shape.
     // Each output row has the bits matmul() gives that row alone.
     virtual void matmul_experts(const std::vector<Weight>& experts, Tensor x, Tensor y) = 0;
+    // Several expert sets on one input (gate and up): each target's y as
+    // matmul_experts gives it. A backend prepares x once (its activation
+    // quantization) for all of them; this default does not.
+    struct ExpertTarget {
+        const std::vector<Weight>* experts;
+        Tensor y;
+    };
+    virtual void matmul_experts_shared(Tensor x, std::initializer_list<ExpertTarget> targets) {
+        for (const ExpertTarget& t : targets) matmul_experts(*t.experts, x, t.y);
+    }
     // out[t] = the sum over j of weight(t, j) * y[t*k + j]: w_0 y_0 rounded,
     // then fma(w_j, y_j, sum) for j = 1..k-1 in order.
     virtual void combine_experts(Tensor y, Tensor out) = 0;

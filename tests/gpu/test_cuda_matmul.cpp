@@ -10,7 +10,8 @@
 //    every (row, token), on ragged row counts and legacy rows that end in a
 //    partial chunk;
 //  - matmul_float (F32, F16, BF16 weights) within a stated float bound of the
-//    exact product.
+//    exact product, a token's bits the same whatever the batch (few-row
+//    matrices take another kernel with the same arithmetic).
 // Outputs are poisoned before each launch and checked whole: every element
 // inside the result must be written, every element outside it (the stride gap,
 // the rows past n_tokens) must keep the poison. Fresh random data each run;
@@ -529,6 +530,7 @@ TEST_P(CudaFloatMatmul, WithinTheStatedBoundOfTheExactProduct) {
         DeviceBuffer<float> dx(x);
         const int es = block_bytes(type);
         const cuda::DevWeight view{type, s.rows, s.cols, dw.get(), es, s.cols * es};
+        std::vector<float> alone;  // token 0's outputs from the first call: every call gives their bits
         for (int64_t n : s.tokens) {
             SCOPED_TRACE(std::to_string(n) + " tokens");
             DeviceBuffer<float> y(size_t((n + 2) * s.rows));  // two rows past the result must stay untouched
@@ -560,6 +562,9 @@ TEST_P(CudaFloatMatmul, WithinTheStatedBoundOfTheExactProduct) {
                     }
                 }
             EXPECT_EQ(bad, 0) << where << ", " << n << " tokens: " << bad << " elements wrong; first: " << first;
+            if (alone.empty()) alone.assign(got.begin(), got.begin() + s.rows);
+            EXPECT_EQ(std::memcmp(alone.data(), got.data(), size_t(s.rows) * sizeof(float)), 0)
+                << where << ": token 0 among " << n << " tokens has other bits than in the first call";
         }
     }
     std::printf("  %s: worst |gpu - exact| is %.1f%% of the bound\n", type_name(type).c_str(), 100 * worst_ratio);

@@ -54,6 +54,9 @@ public:
     void matmul_experts(const std::vector<backend::Weight>& experts, backend::Tensor x, backend::Tensor y) override {
         be_->matmul_experts(experts, x, y);
     }
+    void matmul_experts_shared(backend::Tensor x, std::initializer_list<ExpertTarget> targets) override {
+        be_->matmul_experts_shared(x, targets);
+    }
     void combine_experts(backend::Tensor y, backend::Tensor out) override { be_->combine_experts(y, out); }
     void synchronize() override { be_->synchronize(); }
     Status take_error() override { return be_->take_error(); }
@@ -64,32 +67,44 @@ protected:
     std::unique_ptr<backend::Backend> be_;
 };
 
-// Records, for each route_experts call, the experts the CPU twin
-// (cpu::route_top_k) picks from the logits it is given: the engine's routing,
-// for the reference forward to follow (ReferenceForward::force_experts) when
-// the engine's rounded activations may break a near tie differently from
-// exact arithmetic.
+// Records each route_experts call: its logits and the experts the CPU twin
+// (cpu::route_top_k) picks from them, which are the backend's own picks. For
+// the reference forward to follow the engine's routing
+// (ReferenceForward::force_experts), and for comparing two backends' routing,
+// where rounded activations may break a near tie of two logits either way.
+struct Route {
+    int64_t rows = 0;             // tokens
+    int n_expert = 0, k = 0;
+    std::vector<float> logits;    // rows x n_expert
+    std::vector<int32_t> ids;     // rows x k
+};
+
 class RoutingRecorder final : public ForwardingBackend {
 public:
     using ForwardingBackend::ForwardingBackend;
 
-    // One entry per route_experts call since the last take: n_tokens * k expert ids.
-    std::vector<std::vector<int32_t>> take_routes() { return std::exchange(routes_, {}); }
+    // The route_experts calls since the last take, in order.
+    std::vector<Route> take_routes() { return std::exchange(routes_, {}); }
 
     void route_experts(backend::Tensor logits, int k) override {
-        std::vector<float> host(size_t(logits.rows * logits.cols));
-        be_->download(logits, host.data());
-        std::vector<int32_t> ids(size_t(logits.rows * k));
+        Route r;
+        r.rows = logits.rows;
+        r.n_expert = int(logits.cols);
+        r.k = k;
+        r.logits.resize(size_t(logits.rows * logits.cols));
+        be_->download(logits, r.logits.data());
+        r.ids.resize(size_t(logits.rows * k));
         std::vector<float> weights(static_cast<size_t>(k));
-        for (int64_t t = 0; t < logits.rows; ++t)
-            backend::cpu::route_top_k(host.data() + t * logits.cols, int(logits.cols), k, ids.data() + t * k,
-                                      weights.data());
-        routes_.push_back(std::move(ids));
+        if (k >= 1 && k <= logits.cols && logits.cols <= backend::kMaxExperts)
+            for (int64_t t = 0; t < logits.rows; ++t)
+                backend::cpu::route_top_k(r.logits.data() + t * logits.cols, int(logits.cols), k, r.ids.data() + t * k,
+                                          weights.data());
+        routes_.push_back(std::move(r));
         be_->route_experts(logits, k);
     }
 
 private:
-    std::vector<std::vector<int32_t>> routes_;
+    std::vector<Route> routes_;
 };
 
 }  // namespace tern::test

@@ -189,55 +189,73 @@ public:
             cpu::route_top_k(logits.row(t), int(logits.cols), k, &route_ids_[size_t(t * k)], &route_w_[size_t(t * k)]);
     }
 
-    // Each expert's rows gathered (quantized once, when its type reads
-    // quantized activations), one matmul per expert, the rows put back.
     void matmul_experts(const std::vector<Weight>& experts, Tensor x, Tensor y) override {
+        matmul_experts_shared(x, {{&experts, y}});
+    }
+
+    // Each expert's rows gathered (x quantized once for the sets whose type
+    // reads quantized activations of one grouping), one matmul per expert,
+    // the rows put back.
+    void matmul_experts_shared(Tensor x, std::initializer_list<ExpertTarget> targets) override {
         const int64_t n_pairs = int64_t(route_ids_.size()), k = route_k_;
-        if (n_pairs == 0 || (x.rows != n_pairs && x.rows * k != n_pairs) || y.rows != n_pairs || experts.empty())
-            return note(Error{"matmul_experts: " + std::to_string(x.rows) + " input rows do not match the routing of " +
-                              std::to_string(n_pairs / std::max<int64_t>(k, 1)) + " tokens"});
-        const Weight& w0 = experts[0];
         const int64_t per = x.rows == n_pairs ? 1 : k;  // pairs per input row
-        const bool quantized = quant::dot_int_type(w0.type) && x.cols % quant::QK8A == 0;
         const int64_t xb = x.cols / quant::QK8A;
+        std::optional<bool> quantized;  // the grouping shared_xq_ holds for x
         try {
-            if (quantized) {
-                shared_xq_.resize(size_t(x.rows * xb));
-                if (Status s = cpu::quantize_activations(x.data, x.rows, x.cols, shared_xq_.data(), matmul_opt_,
-                                                         cpu::reads_grouped_acts(w0.type, matmul_opt_));
-                    !s.ok())
-                    return note(s);
-            }
-            expert_pairs_.assign(experts.size(), {});
-            for (int64_t p = 0; p < n_pairs; ++p) {
-                const int32_t e = route_ids_[size_t(p)];
-                if (e < 0 || size_t(e) >= experts.size())
-                    return note(Error{"matmul_experts: expert " + std::to_string(e) + " of " +
-                                      std::to_string(experts.size()) + " does not exist"});
-                expert_pairs_[size_t(e)].push_back(p);
-            }
-            for (size_t e = 0; e < experts.size(); ++e) {
-                const std::vector<int64_t>& pairs = expert_pairs_[e];
-                const int64_t n = int64_t(pairs.size());
-                if (n == 0) continue;
-                expert_y_.resize(size_t(n * y.cols));
-                Status s;
-                if (quantized) {
-                    expert_xq_.resize(size_t(n * xb));
-                    for (int64_t i = 0; i < n; ++i)
-                        std::memcpy(&expert_xq_[size_t(i * xb)], &shared_xq_[size_t(pairs[size_t(i)] / per * xb)],
-                                    size_t(xb) * sizeof(quant::block_q8a));
-                    s = cpu::matmul_q8a(experts[e], expert_xq_.data(), n, expert_y_.data(), matmul_opt_);
-                } else {
-                    expert_x_.resize(size_t(n * x.cols));
-                    for (int64_t i = 0; i < n; ++i)
-                        std::memcpy(&expert_x_[size_t(i * x.cols)], x.row(pairs[size_t(i)] / per),
-                                    size_t(x.cols) * sizeof(float));
-                    s = cpu::matmul(experts[e], expert_x_.data(), n, expert_y_.data(), matmul_opt_);
+            expert_pairs_.clear();
+            for (const ExpertTarget& t : targets) {
+                const std::vector<Weight>& experts = *t.experts;
+                const Tensor y = t.y;
+                if (n_pairs == 0 || (x.rows != n_pairs && x.rows * k != n_pairs) || y.rows != n_pairs ||
+                    experts.empty())
+                    return note(Error{"matmul_experts: " + std::to_string(x.rows) +
+                                      " input rows do not match the routing of " +
+                                      std::to_string(n_pairs / std::max<int64_t>(k, 1)) + " tokens"});
+                if (expert_pairs_.size() != experts.size()) {  // each expert's pairs, in order
+                    expert_pairs_.assign(experts.size(), {});
+                    for (int64_t p = 0; p < n_pairs; ++p) {
+                        const int32_t e = route_ids_[size_t(p)];
+                        if (e < 0 || size_t(e) >= experts.size())
+                            return note(Error{"matmul_experts: expert " + std::to_string(e) + " of " +
+                                              std::to_string(experts.size()) + " does not exist"});
+                        expert_pairs_[size_t(e)].push_back(p);
+                    }
                 }
-                if (!s.ok()) return note(s);
-                for (int64_t i = 0; i < n; ++i)
-                    std::memcpy(y.row(pairs[size_t(i)]), &expert_y_[size_t(i * y.cols)], size_t(y.cols) * sizeof(float));
+                const bool int_kernel = quant::dot_int_type(experts[0].type) && x.cols % quant::QK8A == 0;
+                if (int_kernel) {
+                    if (const bool grouped = cpu::reads_grouped_acts(experts[0].type, matmul_opt_); quantized != grouped) {
+                        shared_xq_.resize(size_t(x.rows * xb));
+                        if (Status s = cpu::quantize_activations(x.data, x.rows, x.cols, shared_xq_.data(), matmul_opt_,
+                                                                 grouped);
+                            !s.ok())
+                            return note(s);
+                        quantized = grouped;
+                    }
+                }
+                for (size_t e = 0; e < experts.size(); ++e) {
+                    const std::vector<int64_t>& pairs = expert_pairs_[e];
+                    const int64_t n = int64_t(pairs.size());
+                    if (n == 0) continue;
+                    expert_y_.resize(size_t(n * y.cols));
+                    Status s;
+                    if (int_kernel) {
+                        expert_xq_.resize(size_t(n * xb));
+                        for (int64_t i = 0; i < n; ++i)
+                            std::memcpy(&expert_xq_[size_t(i * xb)], &shared_xq_[size_t(pairs[size_t(i)] / per * xb)],
+                                        size_t(xb) * sizeof(quant::block_q8a));
+                        s = cpu::matmul_q8a(experts[e], expert_xq_.data(), n, expert_y_.data(), matmul_opt_);
+                    } else {
+                        expert_x_.resize(size_t(n * x.cols));
+                        for (int64_t i = 0; i < n; ++i)
+                            std::memcpy(&expert_x_[size_t(i * x.cols)], x.row(pairs[size_t(i)] / per),
+                                        size_t(x.cols) * sizeof(float));
+                        s = cpu::matmul(experts[e], expert_x_.data(), n, expert_y_.data(), matmul_opt_);
+                    }
+                    if (!s.ok()) return note(s);
+                    for (int64_t i = 0; i < n; ++i)
+                        std::memcpy(y.row(pairs[size_t(i)]), &expert_y_[size_t(i * y.cols)],
+                                    size_t(y.cols) * sizeof(float));
+                }
             }
         } catch (const std::bad_alloc&) {
             note(Error{"matmul_experts: out of memory for " + std::to_string(n_pairs) + " routed rows"});

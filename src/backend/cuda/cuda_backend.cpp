@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -357,6 +358,73 @@ public:
         launched("gather_rows");
     }
 
+    // ---- mixture of experts ----
+    // The routing lives on the device: ids and weights per routed row, and
+    // for prefill-sized batches their grouping by expert (one small kernel,
+    // shared by the layer's three expert matmuls). Decode-sized batches run
+    // each routed row as its own mat-vec, reading only the chosen experts.
+
+    void route_experts(Tensor logits, int k) override {
+        const int64_t n = logits.rows, n_pairs = n * k;
+        if (k < 1 || k > logits.cols || logits.cols > kMaxExperts)
+            return note(Error{"route_experts: " + std::to_string(k) + " of " + std::to_string(logits.cols) +
+                              " experts cannot be routed (1 <= k <= experts <= " + std::to_string(kMaxExperts) + ")"});
+        route_tokens_ = n;
+        route_k_ = k;
+        route_n_expert_ = int(logits.cols);
+        if (replaying_) return;
+        if (Status s = reserve_routing(n_pairs, route_n_expert_); !s.ok()) return note(s);
+        cuda::route_experts(logits.data, n, route_n_expert_, k, route_ids_, route_w_, stream_);
+        if (n > cuda::kMmvqMaxTokens) cuda::group_experts(route_ids_, n_pairs, route_n_expert_, route_groups_, stream_);
+        launched("route_experts");
+    }
+
+    void matmul_experts(const std::vector<Weight>& experts, Tensor x, Tensor y) override {
+        matmul_experts_shared(x, {{&experts, y}});
+    }
+
+    // The integer-kernel sets share one quantization of x, as in matmul_shared.
+    void matmul_experts_shared(Tensor x, std::initializer_list<ExpertTarget> targets) override {
+        const int64_t n_pairs = route_tokens_ * route_k_;
+        cuda::DevAct a{act_qs_, act_d_, act_sum_, x.cols / 32, 0};  // group 0: x not quantized yet
+        for (const ExpertTarget& t : targets) {
+            const std::vector<Weight>& experts = *t.experts;
+            const Tensor y = t.y;
+            if (n_pairs == 0 || (x.rows != n_pairs && x.rows * route_k_ != n_pairs) || y.rows != n_pairs ||
+                experts.size() != size_t(route_n_expert_))
+                return note(Error{"matmul_experts: " + std::to_string(x.rows) + " input rows and " +
+                                  std::to_string(experts.size()) + " experts do not match the routing of " +
+                                  std::to_string(route_tokens_) + " tokens over " + std::to_string(route_n_expert_)});
+            if (replaying_) continue;
+            auto table = expert_table(experts);
+            if (!table.ok()) return note(table.error());
+            const cuda::DevWeight& w = static_cast<DeviceWeight*>(experts[0].impl)->dev;
+            const int per = x.rows == n_pairs ? 1 : route_k_;
+            if (cuda::int_type(w.type)) {
+                if (const int group = cuda::act_group(w.type); a.group != group) {
+                    a.group = group;
+                    cuda::quantize_act(x.data, x.cols, x.rows, x.cols, a, stream_);
+                }
+                if (route_tokens_ <= cuda::kMmvqMaxTokens)
+                    cuda::mmvq_experts(*table, w, a, route_ids_, n_pairs, per, y.data, y.cols, stream_);
+                else
+                    cuda::mmq_experts(*table, w, a, route_groups_, n_pairs, route_n_expert_, per, y.data, y.cols,
+                                      stream_);
+            } else {
+                cuda::matmul_float_experts(*table, w, x.data, route_ids_, n_pairs, per, y.data, stream_);
+            }
+        }
+        launched("matmul_experts");
+    }
+
+    void combine_experts(Tensor y, Tensor out) override {
+        if (y.rows != route_tokens_ * route_k_ || out.rows != route_tokens_ || out.cols != y.cols)
+            return note(Error{"combine_experts: shapes do not match the routing"});
+        if (replaying_) return;
+        cuda::combine_experts(y.data, route_w_, out.rows, route_k_, out.cols, out.data, stream_);
+        launched("combine_experts");
+    }
+
     void all_reduce_sum(Tensor x) override {
         if (!nccl_) return note(Error{"cuda: all_reduce_sum on a backend that is not in an NCCL group"});
         if (replaying_) return;  // the graph holds the collective
@@ -511,6 +579,52 @@ private:
         return {};
     }
 
+    // The routing's device arrays, grown (never inside a capture: a shape's
+    // first step runs eagerly) to the largest batch seen.
+    Status reserve_routing(int64_t n_pairs, int n_expert) {
+        const int64_t tiles = cuda::expert_max_tiles(n_pairs, n_expert);
+        if (n_pairs <= route_pair_capacity_ && tiles <= route_tile_capacity_) return {};
+        if (capturing_) return Error{"cuda: internal error: the routing grows inside a graph capture"};
+        const int64_t pairs = std::max(n_pairs, route_pair_capacity_);
+        const int64_t tile_cap = std::max(tiles, route_tile_capacity_);
+        auto ints = device_alloc(size_t(2 * pairs + kMaxExperts + 1) * sizeof(int32_t), "the expert routing");
+        if (!ints.ok()) return Error{ints.error().message};
+        auto w = device_alloc(size_t(pairs) * sizeof(float), "the expert weights");
+        if (!w.ok()) return Error{w.error().message};
+        auto t = device_alloc(size_t(tile_cap) * sizeof(int2), "the expert tiles");
+        if (!t.ok()) return Error{t.error().message};
+        route_ids_ = static_cast<int32_t*>(*ints);
+        route_groups_.pairs = route_ids_ + pairs;
+        route_groups_.start = route_groups_.pairs + pairs;
+        route_groups_.tiles = static_cast<int2*>(*t);
+        route_w_ = static_cast<float*>(*w);
+        route_pair_capacity_ = pairs;
+        route_tile_capacity_ = tile_cap;
+        return {};
+    }
+
+    // The device array of an expert set's matrices, made at its first use
+    // (outside any capture, as above) and kept by its first expert's handle.
+    Result<const uint8_t* const*> expert_table(const std::vector<Weight>& experts) {
+        const void* key = experts[0].impl;
+        if (auto it = expert_tables_.find(key); it != expert_tables_.end()) return it->second;
+        if (capturing_) return Error{"cuda: internal error: first use of an expert set inside a graph capture"};
+        const DeviceWeight& d0 = *static_cast<const DeviceWeight*>(experts[0].impl);
+        std::vector<const uint8_t*> ptrs;
+        for (const Weight& e : experts) {
+            auto& d = *static_cast<DeviceWeight*>(e.impl);
+            if (d.dev.type != d0.dev.type || d.dev.rows != d0.dev.rows || d.dev.cols != d0.dev.cols ||
+                d.dev.block_stride != d0.dev.block_stride || !d.dev.data)
+                return Error{"cuda: expert '" + e.name + "' differs in type or shape from '" + experts[0].name + "'"};
+            ptrs.push_back(d.dev.data);
+        }
+        auto mem = device_alloc(ptrs.size() * sizeof(const uint8_t*), "an expert table");
+        if (!mem.ok()) return mem.error();
+        if (cudaError_t e = copy_to_device(*mem, ptrs.data(), ptrs.size() * sizeof(const uint8_t*)); e != cudaSuccess)
+            return cuda_failure("uploading an expert table", e);
+        return expert_tables_[key] = static_cast<const uint8_t* const*>(*mem);
+    }
+
     static int n_heads_hint(const KvCacheShape& s) { return s.n_heads > 0 ? s.n_heads : s.n_kv_heads; }
 
     // The rotary inverse frequencies, computed on the host exactly as the CPU
@@ -632,6 +746,15 @@ private:
     int64_t embed_capacity_ = 0;
 
     std::map<std::tuple<int, float, const void*>, const double*> inv_freq_;
+
+    // The current routing (route_experts) and its device arrays.
+    int64_t route_tokens_ = 0;
+    int route_k_ = 0, route_n_expert_ = 0;
+    int32_t* route_ids_ = nullptr;
+    float* route_w_ = nullptr;
+    cuda::ExpertGroups route_groups_;
+    int64_t route_pair_capacity_ = 0, route_tile_capacity_ = 0;
+    std::map<const void*, const uint8_t* const*> expert_tables_;
 
     KvCacheShape kv_shape_;
     uint16_t *k_ = nullptr, *v_ = nullptr;

@@ -80,6 +80,45 @@ void mmvq(const DevWeight& w, const DevAct& a, int n_tokens, float* y, int64_t y
 // mmq: any number of tokens, int8 tensor cores (prefill).
 void mmq(const DevWeight& w, const DevAct& a, int64_t n_tokens, float* y, int64_t y_stride, cudaStream_t stream);
 
+// ---- mixture of experts (Backend::route_experts and what follows it) ----
+// A routed row ("pair") p = t*k + j is token t's j-th expert, ids[p].
+
+// Per token t < n_tokens (logits row t, n_expert <= 256 floats): ids and
+// weights of its k experts at t*k.., the rule of cpu::route_top_k (the
+// weights within a few ulp of it: expf).
+void route_experts(const float* logits, int64_t n_tokens, int n_expert, int k, int32_t* ids, float* weights,
+                   cudaStream_t stream);
+
+// The routed rows grouped by expert, for mmq_experts: expert e's rows are
+// pairs[start[e] .. start[e+1]) in increasing order; tiles lists (e, first)
+// for each kExpertTileRows rows of an expert's list, then (-1, 0) up to
+// expert_max_tiles.
+constexpr int kExpertTileRows = 64;
+struct ExpertGroups {
+    int32_t* start = nullptr;  // n_expert + 1
+    int32_t* pairs = nullptr;  // n_pairs
+    int2* tiles = nullptr;     // expert_max_tiles(n_pairs, n_expert)
+};
+int expert_max_tiles(int64_t n_pairs, int n_expert);
+void group_experts(const int32_t* ids, int64_t n_pairs, int n_expert, ExpertGroups groups, cudaStream_t stream);
+
+// y row p = dot(expert ids[p]'s rows, activation row p / per): experts[e] is
+// expert e's data, w its type, shape and strides (data unused). The bits of
+// mmvq / mmq on that row alone.
+// mmvq_experts: each routed row on its own (decode: a few tokens).
+void mmvq_experts(const uint8_t* const* experts, const DevWeight& w, const DevAct& a, const int32_t* ids,
+                  int64_t n_pairs, int per, float* y, int64_t y_stride, cudaStream_t stream);
+// mmq_experts: each expert's rows as the token tiles of its matrix (prefill).
+void mmq_experts(const uint8_t* const* experts, const DevWeight& w, const DevAct& a, const ExpertGroups& groups,
+                 int64_t n_pairs, int n_expert, int per, float* y, int64_t y_stride, cudaStream_t stream);
+// Float experts: x rows of w.cols floats, matmul_float's arithmetic.
+void matmul_float_experts(const uint8_t* const* experts, const DevWeight& w, const float* x, const int32_t* ids,
+                          int64_t n_pairs, int per, float* y, cudaStream_t stream);
+
+// out[t] = w_0 y_0 rounded, then fma(w_j, y_j, .) for j = 1..k-1 (rows t*k + j of y).
+void combine_experts(const float* y, const float* weights, int64_t n_tokens, int k, int64_t cols, float* out,
+                     cudaStream_t stream);
+
 // F32 / F16 / BF16 weights: y[t][r] = sum_k W[r][k] * x[t][k], f32 arithmetic.
 void matmul_float(const DevWeight& w, const float* x, int64_t n_tokens, float* y, cudaStream_t stream);
 

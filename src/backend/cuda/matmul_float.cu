@@ -2,7 +2,10 @@
 // which types have integer kernels and which activation grouping they read
 // (quant::dot_grouped_type's), and the q6_K padding repack used at
 // registration. (Block geometry is the GGUF type table's, gguf/tensor_type.h.) Float weights are rare in deployed models, so
-// the matmul is a plain shared-memory tiled f32 kernel checked by tolerance.
+// the matmul is a plain shared-memory tiled f32 kernel checked by tolerance;
+// few-row matrices (mixture-of-experts routers, kept f32 in quantized files)
+// at decode take a thread per output. Both sum each output as one fma chain in
+// column order, so a token's bits do not depend on the kernel or the batch.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -31,6 +34,10 @@ __device__ __forceinline__ float weight_at(const uint8_t* row, int64_t k) {
 }
 
 constexpr int kTile = 64, kDepth = 16;
+// Up to this many rows and tokens: a thread per output (matmul_float_rows_kernel).
+// A 512-token batch was slower that way than tiled (a Qwen3-30B-A3B prefill
+// lost a fifth, docs/perf/LOG.md), so prefill keeps the tiles.
+constexpr int64_t kFewRows = 256, kFewTokens = kMmvqMaxTokens;
 
 // 256 threads, each a 4 x 4 block of (row, token) outputs of a 64 x 64 tile.
 template <WType T>
@@ -73,6 +80,27 @@ __global__ void __launch_bounds__(256) matmul_float_kernel(DevWeight w, const fl
         }
 }
 
+// Few rows and tokens (a mixture of experts' router at decode): one thread
+// per output, the same fma chain over the columns in order as the tiled
+// kernel's (so the same bits, whichever kernel a shape gets), where the tiled
+// kernel's one or two 64-row tiles each walk every column in synchronised
+// steps. Consecutive threads take consecutive rows of one token, so a warp's
+// x loads are one broadcast. Still latency-bound: one chain of cols fmas per
+// thread, each load waited on (184 us for 128 x 2048 on an H200).
+template <WType T>
+__global__ void __launch_bounds__(256) matmul_float_rows_kernel(DevWeight w, const float* __restrict__ x,
+                                                                int64_t n_tokens, float* __restrict__ y) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= w.rows * n_tokens) return;
+    const int64_t t = i / w.rows, r = i % w.rows;
+    const uint8_t* row = w.data + r * w.row_stride;
+    const float* xt = x + t * w.cols;
+    float acc = 0.0f;
+#pragma unroll 8
+    for (int64_t k = 0; k < w.cols; ++k) acc = fmaf(weight_at<T>(row, k), xt[k], acc);
+    y[t * w.rows + r] = acc;
+}
+
 __global__ void pad_q6_K_kernel(const uint8_t* __restrict__ raw, uint8_t* __restrict__ padded, int64_t n) {
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= n * 224) return;
@@ -85,6 +113,16 @@ __global__ void pad_q6_K_kernel(const uint8_t* __restrict__ raw, uint8_t* __rest
 
 void matmul_float(const DevWeight& w, const float* x, int64_t n, float* y, cudaStream_t s) {
     if (n < 1 || w.rows < 1) return;
+    if (w.rows <= kFewRows && n <= kFewTokens) {
+        const unsigned blocks = unsigned((w.rows * n + 255) / 256);
+        switch (w.type) {
+            case WType::F32: matmul_float_rows_kernel<WType::F32><<<blocks, 256, 0, s>>>(w, x, n, y); break;
+            case WType::F16: matmul_float_rows_kernel<WType::F16><<<blocks, 256, 0, s>>>(w, x, n, y); break;
+            case WType::BF16: matmul_float_rows_kernel<WType::BF16><<<blocks, 256, 0, s>>>(w, x, n, y); break;
+            default: break;
+        }
+        return;
+    }
     const dim3 grid(unsigned((w.rows + kTile - 1) / kTile), unsigned((n + kTile - 1) / kTile));
     switch (w.type) {
         case WType::F32: matmul_float_kernel<WType::F32><<<grid, 256, 0, s>>>(w, x, n, y); break;

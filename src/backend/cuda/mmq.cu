@@ -8,6 +8,9 @@
 // term per block and sum them in chunks; K-quants add sc * H as integers over
 // the super-block and form one term per super-block. Both follow the order
 // kernels.h documents, so the result has mmvq's bits and the CPU twin's.
+// An expert's tiles (mmq_experts) are the same tiles over its routed rows,
+// gathered from the activations and scattered to the output by a token map,
+// so each row's arithmetic is unchanged.
 #include <cstdlib>
 #include <type_traits>
 
@@ -77,9 +80,9 @@ __device__ __forceinline__ void mma_k16(int (&c)[4], int a0, int a1, int b0) {
 struct WarpPlace {
     int64_t row0, tok0;
     int tid, lane, g, tig, wr, wt;
-    __device__ explicit WarpPlace(int tile_rows) {
-        row0 = int64_t(blockIdx.x) * tile_rows;
-        tok0 = int64_t(blockIdx.y) * kTileTokens;
+    __device__ WarpPlace(int64_t first_row, int64_t first_token) {
+        row0 = first_row;
+        tok0 = first_token;
         tid = threadIdx.x;
         const int warp = tid >> 5;
         lane = tid & 31;
@@ -114,12 +117,26 @@ __device__ __forceinline__ BlockVals stage_weight_block(const DevWeight& w, int6
     return v;
 }
 
+// Which activation row and output row the tile's token i is: the same for a
+// plain matmul; for an expert's tile, the routed rows of its group.
+struct DenseTokens {
+    __device__ int64_t act(int64_t i) const { return i; }
+    __device__ int64_t out(int64_t i) const { return i; }
+};
+struct RoutedTokens {
+    const int32_t* pairs;  // the expert's routed rows, in order
+    int per;               // routed rows per activation row
+    __device__ int64_t act(int64_t i) const { return pairs[i] / per; }
+    __device__ int64_t out(int64_t i) const { return pairs[i]; }
+};
+
 // Activation unit u = (token t, block j), likewise; returns the block's index
 // in the activation planes (0 for units past the matrix).
-__device__ __forceinline__ int64_t stage_act_block(const DevAct& a, int64_t n_tokens, int64_t tok0, int64_t kc,
-                                                   int nb, int t, int j, int8_t* dst_row) {
+template <class Tokens>
+__device__ __forceinline__ int64_t stage_act_block(const DevAct& a, const Tokens& tk, int64_t n_tokens, int64_t tok0,
+                                                   int64_t kc, int nb, int t, int j, int8_t* dst_row) {
     const bool valid = tok0 + t < n_tokens && j < nb;
-    const int64_t ab = valid ? (tok0 + t) * a.blocks + kc * 8 + j : 0;
+    const int64_t ab = valid ? tk.act(tok0 + t) * a.blocks + kc * 8 + j : 0;
     const int4* src = reinterpret_cast<const int4*>(a.qs + ab * 32);
     int4* dst = reinterpret_cast<int4*>(dst_row + j * 32);
     dst[0] = src[0];
@@ -142,8 +159,9 @@ __device__ __forceinline__ void load_fragments(const int8_t (*w)[kPitch], const 
 }
 
 // acc[mi][ni][e] is row wr + 16mi + g (+ 8 for e >= 2), token wt + 8ni + 2tig (+ 1 for odd e).
-__device__ __forceinline__ void store_tile(const float (&acc)[2][4][4], const WarpPlace& p, int64_t rows,
-                                           int64_t n_tokens, float* __restrict__ y, int64_t y_stride) {
+template <class Tokens>
+__device__ __forceinline__ void store_tile(const float (&acc)[2][4][4], const WarpPlace& p, const Tokens& tk,
+                                           int64_t rows, int64_t n_tokens, float* __restrict__ y, int64_t y_stride) {
 #pragma unroll
     for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
@@ -152,7 +170,7 @@ __device__ __forceinline__ void store_tile(const float (&acc)[2][4][4], const Wa
             for (int e = 0; e < 4; ++e) {
                 const int64_t row = p.row0 + p.wr + mi * 16 + p.g + (e >= 2 ? 8 : 0);
                 const int64_t tok = p.tok0 + p.wt + ni * 8 + p.tig * 2 + (e & 1);
-                if (row < rows && tok < n_tokens) y[tok * y_stride + row] = acc[mi][ni][e];
+                if (row < rows && tok < n_tokens) y[tk.out(tok) * y_stride + row] = acc[mi][ni][e];
             }
 }
 
@@ -166,14 +184,14 @@ __device__ __forceinline__ void fill(A& a, typename std::remove_all_extents<A>::
 
 // Legacy types (32-element blocks): each block's float term per output,
 // summed in chunks of eight blocks (kernels.h).
-template <WType T, int kTileRows, int kThreads = kTileRows * 2>
-__global__ void __launch_bounds__(kThreads, 2) mmq_legacy_kernel(DevWeight w, DevAct a, int64_t n_tokens,
-                                                                float* __restrict__ y, int64_t y_stride) {
+template <WType T, int kTileRows, int kThreads, class Tokens>
+__device__ __forceinline__ void mmq_legacy_tile(const DevWeight& w, const DevAct& a, const Tokens& tk,
+                                                int64_t n_tokens, const WarpPlace& p, float* __restrict__ y,
+                                                int64_t y_stride) {
     constexpr TermKind K = BlockInfo<T>::kind;
     static_assert(staging_divides(kTileRows, kThreads), "staging units divide evenly");
     extern __shared__ __align__(16) unsigned char smem[];
     StageLegacy<kTileRows>& s = *reinterpret_cast<StageLegacy<kTileRows>*>(smem);
-    const WarpPlace p(kTileRows);
     const int64_t nblocks = w.cols / 32, nchunks = (nblocks + 7) / 8;
 
     float acc[2][4][4];
@@ -190,7 +208,7 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_legacy_kernel(DevWeight w, De
 #pragma unroll
         for (int i = 0; i < kTileTokens * 8 / kThreads; ++i) {
             const int u = p.tid + i * kThreads, t = u >> 3, j = u & 7;
-            const int64_t ab = stage_act_block(a, n_tokens, p.tok0, kc, nb, t, j, s.x[t]);
+            const int64_t ab = stage_act_block(a, tk, n_tokens, p.tok0, kc, nb, t, j, s.x[t]);
             s.xd[j][t] = a.d[ab];
             s.xsum[j][t] = a.sum[ab];
         }
@@ -234,7 +252,7 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_legacy_kernel(DevWeight w, De
 #pragma unroll
                 for (int e = 0; e < 4; ++e) acc[mi][ni][e] = __fadd_rn(acc[mi][ni][e], c[mi][ni][e]);
     }
-    store_tile(acc, p, w.rows, n_tokens, y, y_stride);
+    store_tile(acc, p, tk, w.rows, n_tokens, y, y_stride);
 }
 
 // K-quants: per output, the super-block's integer totals A (sc * H per block,
@@ -242,15 +260,15 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_legacy_kernel(DevWeight w, De
 // inner term and one fused multiply-add by the group scale (kernels.h): a few
 // instructions per output and super-block where the legacy order needs five
 // per output and block.
-template <WType T, bool WIDE, int kTileRows, int kThreads = kTileRows * 2>
-__global__ void __launch_bounds__(kThreads, 2) mmq_kquant_kernel(DevWeight w, DevAct a, int64_t n_tokens,
-                                                                float* __restrict__ y, int64_t y_stride) {
+template <WType T, bool WIDE, int kTileRows, int kThreads, class Tokens>
+__device__ __forceinline__ void mmq_kquant_tile(const DevWeight& w, const DevAct& a, const Tokens& tk,
+                                                int64_t n_tokens, const WarpPlace& p, float* __restrict__ y,
+                                                int64_t y_stride) {
     constexpr bool two_scales = T == WType::Q6_K;
     constexpr bool has_min = BlockInfo<T>::kind == TermKind::min;
     static_assert(staging_divides(kTileRows, kThreads), "staging units divide evenly");
     extern __shared__ __align__(16) unsigned char smem[];
     StageK<kTileRows>& s = *reinterpret_cast<StageK<kTileRows>*>(smem);
-    const WarpPlace p(kTileRows);
     const int64_t nchunks = w.cols / 256;  // whole super-blocks
 
     float acc[2][4][4];
@@ -269,7 +287,7 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kquant_kernel(DevWeight w, De
 #pragma unroll
         for (int i = 0; i < kTileTokens * 8 / kThreads; ++i) {
             const int u = p.tid + i * kThreads, t = u >> 3, j = u & 7;
-            const int64_t ab = stage_act_block(a, n_tokens, p.tok0, kc, 8, t, j, s.x[t]);
+            const int64_t ab = stage_act_block(a, tk, n_tokens, p.tok0, kc, 8, t, j, s.x[t]);
             if (has_min) reinterpret_cast<int16_t*>(s.xs[t])[j] = int16_t(a.sum[ab]);
             if (j == 0) s.xd[t] = a.d[ab];
         }
@@ -353,7 +371,47 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kquant_kernel(DevWeight w, De
                 }
         }
     }
-    store_tile(acc, p, w.rows, n_tokens, y, y_stride);
+    store_tile(acc, p, tk, w.rows, n_tokens, y, y_stride);
+}
+
+// The tile of one CTA, either type family.
+template <WType T, bool WIDE, int kTileRows, class Tokens>
+__device__ __forceinline__ void mmq_tile(const DevWeight& w, const DevAct& a, const Tokens& tk, int64_t n_tokens,
+                                         const WarpPlace& p, float* __restrict__ y, int64_t y_stride) {
+    if constexpr (BlockInfo<T>::kquant)
+        mmq_kquant_tile<T, WIDE, kTileRows, kTileRows * 2>(w, a, tk, n_tokens, p, y, y_stride);
+    else
+        mmq_legacy_tile<T, kTileRows, kTileRows * 2>(w, a, tk, n_tokens, p, y, y_stride);
+}
+
+template <WType T, bool WIDE, int kTileRows>
+__global__ void __launch_bounds__(kTileRows * 2, 2) mmq_kernel(DevWeight w, DevAct a, int64_t n_tokens,
+                                                              float* __restrict__ y, int64_t y_stride) {
+    const WarpPlace p(int64_t(blockIdx.x) * kTileRows, int64_t(blockIdx.y) * kTileTokens);
+    mmq_tile<T, WIDE, kTileRows>(w, a, DenseTokens{}, n_tokens, p, y, y_stride);
+}
+
+// An expert's tile: blockIdx.y names (expert, first routed row) in the groups' tile list.
+template <WType T, bool WIDE, int kTileRows>
+__global__ void __launch_bounds__(kTileRows * 2, 2) mmq_experts_kernel(const uint8_t* const* __restrict__ experts,
+                                                                      DevWeight w, DevAct a, ExpertGroups g, int per,
+                                                                      float* __restrict__ y, int64_t y_stride) {
+    static_assert(kExpertTileRows == kTileTokens, "the groups' tiles are the kernel's token tiles");
+    const int2 tile = g.tiles[blockIdx.y];
+    if (tile.x < 0) return;  // past the routing's tiles: uniform per CTA
+    const int32_t first = g.start[tile.x];
+    w.data = experts[tile.x];
+    const WarpPlace p(int64_t(blockIdx.x) * kTileRows, tile.y);
+    mmq_tile<T, WIDE, kTileRows>(w, a, RoutedTokens{g.pairs + first, per}, g.start[tile.x + 1] - first, p, y, y_stride);
+}
+
+// Shared memory of a tile's stage.
+template <WType T, int kTileRows>
+int tile_smem() {
+    if constexpr (BlockInfo<T>::kquant)
+        return int(sizeof(StageK<kTileRows>));
+    else
+        return int(sizeof(StageLegacy<kTileRows>));
 }
 
 template <WType T, bool WIDE, int kTileRows>
@@ -362,15 +420,9 @@ void launch_tile(const DevWeight& w, const DevAct& a, int64_t n, float* y, int64
     // More than the default 48 KiB of shared memory needs the opt-in (per device;
     // cheap, and prefill launches are few). A failure here fails the launch,
     // which the caller's error check reports.
-    if constexpr (BlockInfo<T>::kquant) {
-        const int smem = int(sizeof(StageK<kTileRows>));
-        cudaFuncSetAttribute(mmq_kquant_kernel<T, WIDE, kTileRows>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-        mmq_kquant_kernel<T, WIDE, kTileRows><<<grid, kTileRows * 2, smem, s>>>(w, a, n, y, ys);
-    } else {
-        const int smem = int(sizeof(StageLegacy<kTileRows>));
-        cudaFuncSetAttribute(mmq_legacy_kernel<T, kTileRows>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-        mmq_legacy_kernel<T, kTileRows><<<grid, kTileRows * 2, smem, s>>>(w, a, n, y, ys);
-    }
+    const int smem = tile_smem<T, kTileRows>();
+    cudaFuncSetAttribute(mmq_kernel<T, WIDE, kTileRows>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    mmq_kernel<T, WIDE, kTileRows><<<grid, kTileRows * 2, smem, s>>>(w, a, n, y, ys);
 }
 
 int tile_rows() {
@@ -392,6 +444,20 @@ void launch(const DevWeight& w, const DevAct& a, int64_t n, float* y, int64_t ys
 }
 
 }  // namespace
+
+void mmq_experts(const uint8_t* const* experts, const DevWeight& w, const DevAct& a, const ExpertGroups& g,
+                 int64_t n_pairs, int n_expert, int per, float* y, int64_t ys, cudaStream_t s) {
+    if (n_pairs < 1 || w.rows < 1) return;
+    constexpr int kRows = 128;
+    const dim3 grid(unsigned((w.rows + kRows - 1) / kRows), unsigned(expert_max_tiles(n_pairs, n_expert)));
+    dispatch_int_type(w.type, w.block_stride, [&](auto tag) {
+        using Tag = decltype(tag);
+        const int smem = tile_smem<Tag::type, kRows>();
+        auto* kernel = mmq_experts_kernel<Tag::type, Tag::wide, kRows>;
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+        kernel<<<grid, kRows * 2, smem, s>>>(experts, w, a, g, per, y, ys);
+    });
+}
 
 void mmq(const DevWeight& w, const DevAct& a, int64_t n, float* y, int64_t ys, cudaStream_t s) {
     if (n < 1 || w.rows < 1) return;

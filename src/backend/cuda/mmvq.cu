@@ -1,4 +1,5 @@
-// Decode matmul (1..8 tokens): one warp per weight row. A warp takes four
+// Decode matmul (1..8 tokens), and its routed form for experts (one token row
+// per CTA column, its expert's matrix): one warp per weight row. A warp takes four
 // chunks (eight 32-element blocks each: a K-quant super-block, or eight legacy
 // blocks) per round, one block per lane, so consecutive lanes read consecutive
 // bytes of the row and of the activations. The lanes of a chunk combine their
@@ -113,11 +114,11 @@ __device__ __forceinline__ void kquant_round(const uint8_t* rowp, int block_stri
         }
 }
 
+// Row `row` of W against tokens 0..NT-1 of a, into y[t * y_stride + row].
 template <WType T, bool WIDE, int NT>
-__global__ void __launch_bounds__(kWarps * 32) mmvq_kernel(DevWeight w, DevAct a, float* __restrict__ y,
-                                                           int64_t y_stride) {
+__device__ __forceinline__ void mmvq_row(const DevWeight& w, const DevAct& a, int64_t row, float* __restrict__ y,
+                                         int64_t y_stride) {
     const int lane = threadIdx.x & 31, grp = lane >> 3, j = lane & 7;
-    const int64_t row = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
     if (row >= w.rows) return;  // uniform per warp
     const int64_t nblocks = w.cols / 32;
     const int64_t nchunks = (nblocks + 7) / 8;
@@ -146,6 +147,26 @@ __global__ void __launch_bounds__(kWarps * 32) mmvq_kernel(DevWeight w, DevAct a
     }
 }
 
+template <WType T, bool WIDE, int NT>
+__global__ void __launch_bounds__(kWarps * 32) mmvq_kernel(DevWeight w, DevAct a, float* __restrict__ y,
+                                                           int64_t y_stride) {
+    mmvq_row<T, WIDE, NT>(w, a, int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5), y, y_stride);
+}
+
+// Routed row p = blockIdx.y: its expert's matrix against activation row p / per.
+template <WType T, bool WIDE>
+__global__ void __launch_bounds__(kWarps * 32) mmvq_experts_kernel(const uint8_t* const* __restrict__ experts,
+                                                                   DevWeight w, DevAct a,
+                                                                   const int32_t* __restrict__ ids, int per,
+                                                                   float* __restrict__ y, int64_t y_stride) {
+    const int64_t p = blockIdx.y, t = p / per;
+    w.data = experts[ids[p]];
+    a.qs += t * a.blocks * 32;
+    a.d += t * a.blocks;
+    a.sum += t * a.blocks;
+    mmvq_row<T, WIDE, 1>(w, a, int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5), y + p * y_stride, y_stride);
+}
+
 template <WType T, bool WIDE>
 void launch(const DevWeight& w, const DevAct& a, int n, float* y, int64_t ys, cudaStream_t s) {
     const unsigned grid = unsigned((w.rows + kWarps - 1) / kWarps);
@@ -163,6 +184,16 @@ void launch(const DevWeight& w, const DevAct& a, int n, float* y, int64_t ys, cu
 }
 
 }  // namespace
+
+void mmvq_experts(const uint8_t* const* experts, const DevWeight& w, const DevAct& a, const int32_t* ids,
+                  int64_t n_pairs, int per, float* y, int64_t ys, cudaStream_t s) {
+    if (n_pairs < 1 || w.rows < 1) return;
+    const dim3 grid(unsigned((w.rows + kWarps - 1) / kWarps), unsigned(n_pairs));
+    dispatch_int_type(w.type, w.block_stride, [&](auto tag) {
+        using Tag = decltype(tag);
+        mmvq_experts_kernel<Tag::type, Tag::wide><<<grid, kWarps * 32, 0, s>>>(experts, w, a, ids, per, y, ys);
+    });
+}
 
 void mmvq(const DevWeight& w, const DevAct& a, int n, float* y, int64_t ys, cudaStream_t s) {
     if (n < 1 || n > kMmvqMaxTokens || w.rows < 1) return;

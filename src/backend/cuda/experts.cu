@@ -1,0 +1,199 @@
+// Mixture-of-experts kernels other than the integer expert matmuls (those are
+// mmvq.cu's and mmq.cu's, with a routed token map): the routing of each token
+// to its top-k experts, the grouping of the routed rows by expert for the
+// prefill matmul, the float-weight expert matmul, and the weighted combine.
+// Nothing here uses atomics: the groups list each expert's rows in row order,
+// so what feeds the logits is the same whatever the launch timing.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <climits>
+
+#include "backend/cuda/kernels.h"
+
+namespace tern::cuda {
+namespace {
+
+constexpr unsigned kAll = 0xffffffffu;
+constexpr int kMaxSlots = 8;  // logits per lane: 32 x 8 = 256 experts
+
+// One warp per token: lane L holds experts L, L + 32, ...; each of the k
+// rounds takes the best unchosen expert of every lane, then of the warp (a
+// larger logit, or an equal one of lower index; NaN as -inf), as
+// cpu::route_top_k does. The weights are its softmax over the chosen logits.
+__global__ void route_kernel(const float* __restrict__ logits, int64_t n_tokens, int n_expert, int k,
+                             int32_t* __restrict__ ids, float* __restrict__ weights) {
+    const int64_t t = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+    if (t >= n_tokens) return;  // uniform per warp
+    const int lane = threadIdx.x & 31;
+    const float* row = logits + t * n_expert;
+    float v[kMaxSlots];
+#pragma unroll
+    for (int i = 0; i < kMaxSlots; ++i) {
+        const int e = lane + 32 * i;
+        const float x = e < n_expert ? row[e] : -INFINITY;
+        v[i] = isnan(x) ? -INFINITY : x;
+    }
+    unsigned taken = 0;  // bit i: expert lane + 32 i chosen (or past n_expert)
+#pragma unroll
+    for (int i = 0; i < kMaxSlots; ++i)
+        if (lane + 32 * i >= n_expert) taken |= 1u << i;
+    for (int j = 0; j < k; ++j) {
+        float best = -INFINITY;
+        int bidx = INT_MAX;
+#pragma unroll
+        for (int i = 0; i < kMaxSlots; ++i)
+            if (!(taken >> i & 1) && (v[i] > best || bidx == INT_MAX)) best = v[i], bidx = lane + 32 * i;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ob = __shfl_xor_sync(kAll, best, o);
+            const int oi = __shfl_xor_sync(kAll, bidx, o);
+            if (ob > best || (ob == best && oi < bidx)) best = ob, bidx = oi;
+        }
+        if (bidx % 32 == lane) taken |= 1u << (bidx / 32);
+        if (lane == 0) ids[t * k + j] = bidx;
+    }
+    if (lane == 0) {
+        const float l0 = row[ids[t * k]];
+        float sum = 0.0f;
+        for (int j = 0; j < k; ++j) sum += expf(row[ids[t * k + j]] - l0);
+        for (int j = 0; j < k; ++j) weights[t * k + j] = expf(row[ids[t * k + j]] - l0) / sum;
+    }
+}
+
+// One CTA, a thread per expert: counts of each expert's rows, their starts
+// (a prefix sum), then each expert's rows in order and its 64-row tiles.
+// ids are staged in shared memory a chunk at a time and scanned four at a time.
+constexpr int kGroupThreads = 256, kChunk = 4096;
+
+__global__ void __launch_bounds__(kGroupThreads) group_kernel(const int32_t* __restrict__ ids, int n_pairs,
+                                                              int n_expert, ExpertGroups g, int max_tiles) {
+    __shared__ __align__(16) uint8_t s_ids[kChunk];
+    __shared__ int s_count[kGroupThreads], s_start[kGroupThreads + 1], s_tile[kGroupThreads + 1];
+    const int e = threadIdx.x;
+    const uint32_t mine = uint32_t(e & 0xff) * 0x01010101u;
+    int count = 0;
+    for (int c0 = 0; c0 < n_pairs; c0 += kChunk) {
+        const int n = min(kChunk, n_pairs - c0);
+        __syncthreads();
+        for (int i = threadIdx.x; i < kChunk; i += kGroupThreads) s_ids[i] = i < n ? uint8_t(ids[c0 + i]) : 0xff;
+        __syncthreads();
+        if (e < n_expert) {
+            const uint32_t* w = reinterpret_cast<const uint32_t*>(s_ids);
+            for (int i = 0; i < (n + 3) / 4; ++i) {
+                const uint32_t eq = __vcmpeq4(w[i], mine);
+                // Bytes past n hold 0xff: expert 255's value; leave them out.
+                const int valid = min(4, n - 4 * i);
+                count += __popc(eq & (valid == 4 ? kAll : (1u << (8 * valid)) - 1)) / 8;
+            }
+        }
+    }
+    s_count[e] = e < n_expert ? count : 0;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        s_start[0] = s_tile[0] = 0;
+        for (int x = 0; x < kGroupThreads; ++x) {
+            s_start[x + 1] = s_start[x] + s_count[x];
+            s_tile[x + 1] = s_tile[x] + (s_count[x] + kExpertTileRows - 1) / kExpertTileRows;
+        }
+    }
+    __syncthreads();
+    if (e < n_expert) g.start[e] = s_start[e];
+    if (threadIdx.x == 0) g.start[n_expert] = s_start[n_expert];
+    if (e < n_expert)
+        for (int i = 0; i < s_tile[e + 1] - s_tile[e]; ++i) g.tiles[s_tile[e] + i] = make_int2(e, i * kExpertTileRows);
+    for (int i = s_tile[kGroupThreads] + threadIdx.x; i < max_tiles; i += kGroupThreads) g.tiles[i] = make_int2(-1, 0);
+    // Each expert's rows, in row order.
+    int at = s_start[e];
+    for (int c0 = 0; c0 < n_pairs; c0 += kChunk) {
+        const int n = min(kChunk, n_pairs - c0);
+        __syncthreads();
+        for (int i = threadIdx.x; i < kChunk; i += kGroupThreads) s_ids[i] = i < n ? uint8_t(ids[c0 + i]) : 0xff;
+        __syncthreads();
+        if (e < n_expert) {
+            const uint32_t* w = reinterpret_cast<const uint32_t*>(s_ids);
+            for (int i = 0; i < (n + 3) / 4; ++i) {
+                uint32_t eq = __vcmpeq4(w[i], mine);
+                while (eq) {
+                    const int b = (__ffs(eq) - 1) / 8;
+                    eq &= ~(0xffu << (8 * b));
+                    if (4 * i + b < n) g.pairs[at++] = c0 + 4 * i + b;
+                }
+            }
+        }
+    }
+}
+
+template <WType T>
+__device__ __forceinline__ float weight_at(const uint8_t* row, int64_t k) {
+    if (T == WType::F32) return reinterpret_cast<const float*>(row)[k];
+    if (T == WType::F16) return __half2float(reinterpret_cast<const __half*>(row)[k]);
+    return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(row)[k]);
+}
+
+// A thread per (output row, routed row): one fma chain over the columns in
+// order, the arithmetic of matmul_float's every output.
+template <WType T>
+__global__ void float_experts_kernel(const uint8_t* const* __restrict__ experts, DevWeight w,
+                                     const float* __restrict__ x, const int32_t* __restrict__ ids,
+                                     int64_t n_pairs, int per, float* __restrict__ y) {
+    const int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (r >= w.rows) return;
+    for (int64_t p = blockIdx.y; p < n_pairs; p += gridDim.y) {
+        const uint8_t* row = experts[ids[p]] + r * w.row_stride;
+        const float* xr = x + (p / per) * w.cols;
+        float acc = 0.0f;
+        for (int64_t c = 0; c < w.cols; ++c) acc = fmaf(weight_at<T>(row, c), xr[c], acc);
+        y[p * w.rows + r] = acc;
+    }
+}
+
+__global__ void combine_kernel(const float* __restrict__ y, const float* __restrict__ weights, int64_t n_tokens,
+                               int k, int64_t cols, float* __restrict__ out) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= n_tokens * cols) return;
+    const int64_t t = i / cols, c = i % cols;
+    float acc = __fmul_rn(weights[t * k], y[(t * k) * cols + c]);
+    for (int j = 1; j < k; ++j) acc = __fmaf_rn(weights[t * k + j], y[(t * k + j) * cols + c], acc);
+    out[i] = acc;
+}
+
+}  // namespace
+
+void route_experts(const float* logits, int64_t n_tokens, int n_expert, int k, int32_t* ids, float* weights,
+                   cudaStream_t s) {
+    if (n_tokens < 1) return;
+    constexpr int kWarps = 4;
+    route_kernel<<<unsigned((n_tokens + kWarps - 1) / kWarps), kWarps * 32, 0, s>>>(logits, n_tokens, n_expert, k, ids,
+                                                                                   weights);
+}
+
+int expert_max_tiles(int64_t n_pairs, int n_expert) {
+    return int((n_pairs + kExpertTileRows - 1) / kExpertTileRows + (n_pairs < n_expert ? n_pairs : n_expert));
+}
+
+void group_experts(const int32_t* ids, int64_t n_pairs, int n_expert, ExpertGroups g, cudaStream_t s) {
+    if (n_pairs < 1) return;
+    group_kernel<<<1, kGroupThreads, 0, s>>>(ids, int(n_pairs), n_expert, g, expert_max_tiles(n_pairs, n_expert));
+}
+
+void matmul_float_experts(const uint8_t* const* experts, const DevWeight& w, const float* x, const int32_t* ids,
+                          int64_t n_pairs, int per, float* y, cudaStream_t s) {
+    if (n_pairs < 1 || w.rows < 1) return;
+    const dim3 grid(unsigned((w.rows + 127) / 128), unsigned(n_pairs < 65535 ? n_pairs : 65535));
+    switch (w.type) {
+        case WType::F32: float_experts_kernel<WType::F32><<<grid, 128, 0, s>>>(experts, w, x, ids, n_pairs, per, y); break;
+        case WType::F16: float_experts_kernel<WType::F16><<<grid, 128, 0, s>>>(experts, w, x, ids, n_pairs, per, y); break;
+        case WType::BF16: float_experts_kernel<WType::BF16><<<grid, 128, 0, s>>>(experts, w, x, ids, n_pairs, per, y); break;
+        default: break;
+    }
+}
+
+void combine_experts(const float* y, const float* weights, int64_t n_tokens, int k, int64_t cols, float* out,
+                     cudaStream_t s) {
+    const int64_t n = n_tokens * cols;
+    if (n < 1) return;
+    combine_kernel<<<unsigned((n + 255) / 256), 256, 0, s>>>(y, weights, n_tokens, k, cols, out);
+}
+
+}  // namespace tern::cuda
