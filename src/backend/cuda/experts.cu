@@ -1,12 +1,10 @@
 // Mixture-of-experts kernels other than the integer expert matmuls (those are
 // mmvq.cu's and mmq.cu's, with a routed token map): the routing of each token
 // to its top-k experts, the grouping of the routed rows by expert for the
-// prefill matmul, the float-weight expert matmul, and the weighted combine.
+// prefill matmul, and the weighted combine. (The float-weight expert matmul
+// is matmul_float.cu's.)
 // Nothing here uses atomics: the groups list each expert's rows in row order,
 // so what feeds the logits is the same whatever the launch timing.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <climits>
 
 #include "backend/cuda/kernels.h"
@@ -66,6 +64,14 @@ __global__ void route_kernel(const float* __restrict__ logits, int64_t n_tokens,
 // ids are staged in shared memory a chunk at a time and scanned four at a time.
 constexpr int kGroupThreads = 256, kChunk = 4096;
 
+// ids[c0 .. c0 + n) into s_ids, one byte each, the rest of the chunk 0xff;
+// every thread of the CTA calls it (it synchronises).
+__device__ __forceinline__ void stage_ids(const int32_t* __restrict__ ids, int c0, int n, uint8_t* s_ids) {
+    __syncthreads();  // the previous chunk's scan is done
+    for (int i = threadIdx.x; i < kChunk; i += kGroupThreads) s_ids[i] = i < n ? uint8_t(ids[c0 + i]) : 0xff;
+    __syncthreads();
+}
+
 __global__ void __launch_bounds__(kGroupThreads) group_kernel(const int32_t* __restrict__ ids, int n_pairs,
                                                               int n_expert, ExpertGroups g, int max_tiles) {
     __shared__ __align__(16) uint8_t s_ids[kChunk];
@@ -75,9 +81,7 @@ __global__ void __launch_bounds__(kGroupThreads) group_kernel(const int32_t* __r
     int count = 0;
     for (int c0 = 0; c0 < n_pairs; c0 += kChunk) {
         const int n = min(kChunk, n_pairs - c0);
-        __syncthreads();
-        for (int i = threadIdx.x; i < kChunk; i += kGroupThreads) s_ids[i] = i < n ? uint8_t(ids[c0 + i]) : 0xff;
-        __syncthreads();
+        stage_ids(ids, c0, n, s_ids);
         if (e < n_expert) {
             const uint32_t* w = reinterpret_cast<const uint32_t*>(s_ids);
             for (int i = 0; i < (n + 3) / 4; ++i) {
@@ -107,9 +111,7 @@ __global__ void __launch_bounds__(kGroupThreads) group_kernel(const int32_t* __r
     int at = s_start[e];
     for (int c0 = 0; c0 < n_pairs; c0 += kChunk) {
         const int n = min(kChunk, n_pairs - c0);
-        __syncthreads();
-        for (int i = threadIdx.x; i < kChunk; i += kGroupThreads) s_ids[i] = i < n ? uint8_t(ids[c0 + i]) : 0xff;
-        __syncthreads();
+        stage_ids(ids, c0, n, s_ids);
         if (e < n_expert) {
             const uint32_t* w = reinterpret_cast<const uint32_t*>(s_ids);
             for (int i = 0; i < (n + 3) / 4; ++i) {
@@ -121,30 +123,6 @@ __global__ void __launch_bounds__(kGroupThreads) group_kernel(const int32_t* __r
                 }
             }
         }
-    }
-}
-
-template <WType T>
-__device__ __forceinline__ float weight_at(const uint8_t* row, int64_t k) {
-    if (T == WType::F32) return reinterpret_cast<const float*>(row)[k];
-    if (T == WType::F16) return __half2float(reinterpret_cast<const __half*>(row)[k]);
-    return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(row)[k]);
-}
-
-// A thread per (output row, routed row): one fma chain over the columns in
-// order, the arithmetic of matmul_float's every output.
-template <WType T>
-__global__ void float_experts_kernel(const uint8_t* const* __restrict__ experts, DevWeight w,
-                                     const float* __restrict__ x, const int32_t* __restrict__ ids,
-                                     int64_t n_pairs, int per, float* __restrict__ y) {
-    const int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (r >= w.rows) return;
-    for (int64_t p = blockIdx.y; p < n_pairs; p += gridDim.y) {
-        const uint8_t* row = experts[ids[p]] + r * w.row_stride;
-        const float* xr = x + (p / per) * w.cols;
-        float acc = 0.0f;
-        for (int64_t c = 0; c < w.cols; ++c) acc = fmaf(weight_at<T>(row, c), xr[c], acc);
-        y[p * w.rows + r] = acc;
     }
 }
 
@@ -175,18 +153,6 @@ int expert_max_tiles(int64_t n_pairs, int n_expert) {
 void group_experts(const int32_t* ids, int64_t n_pairs, int n_expert, ExpertGroups g, cudaStream_t s) {
     if (n_pairs < 1) return;
     group_kernel<<<1, kGroupThreads, 0, s>>>(ids, int(n_pairs), n_expert, g, expert_max_tiles(n_pairs, n_expert));
-}
-
-void matmul_float_experts(const uint8_t* const* experts, const DevWeight& w, const float* x, const int32_t* ids,
-                          int64_t n_pairs, int per, float* y, cudaStream_t s) {
-    if (n_pairs < 1 || w.rows < 1) return;
-    const dim3 grid(unsigned((w.rows + 127) / 128), unsigned(n_pairs < 65535 ? n_pairs : 65535));
-    switch (w.type) {
-        case WType::F32: float_experts_kernel<WType::F32><<<grid, 128, 0, s>>>(experts, w, x, ids, n_pairs, per, y); break;
-        case WType::F16: float_experts_kernel<WType::F16><<<grid, 128, 0, s>>>(experts, w, x, ids, n_pairs, per, y); break;
-        case WType::BF16: float_experts_kernel<WType::BF16><<<grid, 128, 0, s>>>(experts, w, x, ids, n_pairs, per, y); break;
-        default: break;
-    }
 }
 
 void combine_experts(const float* y, const float* weights, int64_t n_tokens, int k, int64_t cols, float* out,

@@ -1,4 +1,5 @@
-// Float-weight matmul (F32, F16, BF16 files) and the small weight helpers:
+// Float-weight matmul (F32, F16, BF16 files), its routed form for float
+// experts, and the small weight helpers:
 // which types have integer kernels and which activation grouping they read
 // (quant::dot_grouped_type's), and the q6_K padding repack used at
 // registration. (Block geometry is the GGUF type table's, gguf/tensor_type.h.) Float weights are rare in deployed models, so
@@ -101,6 +102,23 @@ __global__ void __launch_bounds__(256) matmul_float_rows_kernel(DevWeight w, con
     y[t * w.rows + r] = acc;
 }
 
+// A thread per (output row, routed row): one fma chain over the columns in
+// order, the arithmetic of matmul_float's every output.
+template <WType T>
+__global__ void float_experts_kernel(const uint8_t* const* __restrict__ experts, DevWeight w,
+                                     const float* __restrict__ x, const int32_t* __restrict__ ids,
+                                     int64_t n_pairs, int per, float* __restrict__ y) {
+    const int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (r >= w.rows) return;
+    for (int64_t p = blockIdx.y; p < n_pairs; p += gridDim.y) {
+        const uint8_t* row = experts[ids[p]] + r * w.row_stride;
+        const float* xr = x + (p / per) * w.cols;
+        float acc = 0.0f;
+        for (int64_t c = 0; c < w.cols; ++c) acc = fmaf(weight_at<T>(row, c), xr[c], acc);
+        y[p * w.rows + r] = acc;
+    }
+}
+
 __global__ void pad_q6_K_kernel(const uint8_t* __restrict__ raw, uint8_t* __restrict__ padded, int64_t n) {
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= n * 224) return;
@@ -128,6 +146,18 @@ void matmul_float(const DevWeight& w, const float* x, int64_t n, float* y, cudaS
         case WType::F32: matmul_float_kernel<WType::F32><<<grid, 256, 0, s>>>(w, x, n, y); break;
         case WType::F16: matmul_float_kernel<WType::F16><<<grid, 256, 0, s>>>(w, x, n, y); break;
         case WType::BF16: matmul_float_kernel<WType::BF16><<<grid, 256, 0, s>>>(w, x, n, y); break;
+        default: break;
+    }
+}
+
+void matmul_float_experts(const uint8_t* const* experts, const DevWeight& w, const float* x, const int32_t* ids,
+                          int64_t n_pairs, int per, float* y, cudaStream_t s) {
+    if (n_pairs < 1 || w.rows < 1) return;
+    const dim3 grid(unsigned((w.rows + 127) / 128), unsigned(n_pairs < 65535 ? n_pairs : 65535));
+    switch (w.type) {
+        case WType::F32: float_experts_kernel<WType::F32><<<grid, 128, 0, s>>>(experts, w, x, ids, n_pairs, per, y); break;
+        case WType::F16: float_experts_kernel<WType::F16><<<grid, 128, 0, s>>>(experts, w, x, ids, n_pairs, per, y); break;
+        case WType::BF16: float_experts_kernel<WType::BF16><<<grid, 128, 0, s>>>(experts, w, x, ids, n_pairs, per, y); break;
         default: break;
     }
 }
