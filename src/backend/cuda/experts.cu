@@ -59,17 +59,33 @@ __global__ void route_kernel(const float* __restrict__ logits, int64_t n_tokens,
     }
 }
 
-// One CTA, a thread per expert: counts of each expert's rows, their starts
-// (a prefix sum), then each expert's rows in order and its 64-row tiles.
-// ids are staged in shared memory a chunk at a time and scanned four at a time.
+// The grouping: one CTA, a thread per expert: counts of each expert's rows,
+// their starts (a prefix sum), then each expert's rows in order and its
+// 64-row tiles.
 constexpr int kGroupThreads = 256, kChunk = 4096;
 
-// ids[c0 .. c0 + n) into s_ids, one byte each, the rest of the chunk 0xff;
-// every thread of the CTA calls it (it synchronises).
-__device__ __forceinline__ void stage_ids(const int32_t* __restrict__ ids, int c0, int n, uint8_t* s_ids) {
-    __syncthreads();  // the previous chunk's scan is done
-    for (int i = threadIdx.x; i < kChunk; i += kGroupThreads) s_ids[i] = i < n ? uint8_t(ids[c0 + i]) : 0xff;
-    __syncthreads();
+// Calls visit(p) for each routed row p of this thread's expert (threadIdx.x),
+// in row order. ids are staged in shared memory a chunk at a time, one byte
+// each, and scanned four at a time; every thread of the CTA calls it (it
+// synchronises).
+template <class Visit>
+__device__ __forceinline__ void for_each_row_of_mine(const int32_t* __restrict__ ids, int n_pairs, int n_expert,
+                                                     uint8_t* s_ids, Visit visit) {
+    const uint32_t mine = uint32_t(threadIdx.x & 0xff) * 0x01010101u;
+    for (int c0 = 0; c0 < n_pairs; c0 += kChunk) {
+        const int n = min(kChunk, n_pairs - c0);
+        __syncthreads();  // the previous chunk's scan is done
+        for (int i = threadIdx.x; i < kChunk; i += kGroupThreads) s_ids[i] = i < n ? uint8_t(ids[c0 + i]) : 0xff;
+        __syncthreads();
+        if (int(threadIdx.x) >= n_expert) continue;
+        const uint32_t* w = reinterpret_cast<const uint32_t*>(s_ids);
+        for (int i = 0; i < (n + 3) / 4; ++i)
+            for (uint32_t eq = __vcmpeq4(w[i], mine); eq;) {
+                const int b = (__ffs(eq) - 1) / 8;
+                eq &= ~(0xffu << (8 * b));
+                if (4 * i + b < n) visit(c0 + 4 * i + b);  // bytes past n hold 0xff, expert 255's id
+            }
+    }
 }
 
 __global__ void __launch_bounds__(kGroupThreads) group_kernel(const int32_t* __restrict__ ids, int n_pairs,
@@ -77,21 +93,8 @@ __global__ void __launch_bounds__(kGroupThreads) group_kernel(const int32_t* __r
     __shared__ __align__(16) uint8_t s_ids[kChunk];
     __shared__ int s_count[kGroupThreads], s_start[kGroupThreads + 1], s_tile[kGroupThreads + 1];
     const int e = threadIdx.x;
-    const uint32_t mine = uint32_t(e & 0xff) * 0x01010101u;
     int count = 0;
-    for (int c0 = 0; c0 < n_pairs; c0 += kChunk) {
-        const int n = min(kChunk, n_pairs - c0);
-        stage_ids(ids, c0, n, s_ids);
-        if (e < n_expert) {
-            const uint32_t* w = reinterpret_cast<const uint32_t*>(s_ids);
-            for (int i = 0; i < (n + 3) / 4; ++i) {
-                const uint32_t eq = __vcmpeq4(w[i], mine);
-                // Bytes past n hold 0xff: expert 255's value; leave them out.
-                const int valid = min(4, n - 4 * i);
-                count += __popc(eq & (valid == 4 ? kAll : (1u << (8 * valid)) - 1)) / 8;
-            }
-        }
-    }
+    for_each_row_of_mine(ids, n_pairs, n_expert, s_ids, [&](int) { ++count; });
     s_count[e] = e < n_expert ? count : 0;
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -109,21 +112,7 @@ __global__ void __launch_bounds__(kGroupThreads) group_kernel(const int32_t* __r
     for (int i = s_tile[kGroupThreads] + threadIdx.x; i < max_tiles; i += kGroupThreads) g.tiles[i] = make_int2(-1, 0);
     // Each expert's rows, in row order.
     int at = s_start[e];
-    for (int c0 = 0; c0 < n_pairs; c0 += kChunk) {
-        const int n = min(kChunk, n_pairs - c0);
-        stage_ids(ids, c0, n, s_ids);
-        if (e < n_expert) {
-            const uint32_t* w = reinterpret_cast<const uint32_t*>(s_ids);
-            for (int i = 0; i < (n + 3) / 4; ++i) {
-                uint32_t eq = __vcmpeq4(w[i], mine);
-                while (eq) {
-                    const int b = (__ffs(eq) - 1) / 8;
-                    eq &= ~(0xffu << (8 * b));
-                    if (4 * i + b < n) g.pairs[at++] = c0 + 4 * i + b;
-                }
-            }
-        }
-    }
+    for_each_row_of_mine(ids, n_pairs, n_expert, s_ids, [&](int p) { g.pairs[at++] = p; });
 }
 
 __global__ void combine_kernel(const float* __restrict__ y, const float* __restrict__ weights, int64_t n_tokens,
