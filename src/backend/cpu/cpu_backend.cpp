@@ -145,21 +145,42 @@ public:
         }
     }
 
+    // Tiles of up to kAttentionTileTokens consecutive batch tokens of one
+    // sequence at consecutive positions (a prefill's run; a decode step's
+    // tokens are tiles of one), one (tile, KV head) pair per iteration.
     void attention(int layer, Tensor q, int n_heads, float scale, int window, Tensor out) override {
         const KvCacheShape& s = kv_shape_;
         const int group = n_heads / s.n_kv_heads;
-        const int64_t work = q.rows * s.n_kv_heads;
-        // One (token, KV head) pair per iteration: decode has one token but several KV heads.
+        tiles_.clear();
+        for (int64_t t = 0; t < q.rows; ++t) {
+            const bool extends = !tiles_.empty() && t - tiles_.back() < cpu::kAttentionTileTokens &&
+                                 layout_.slot[size_t(t)] == layout_.slot[size_t(t - 1)] &&
+                                 layout_.pos[size_t(t)] == layout_.pos[size_t(t - 1)] + 1;
+            if (!extends) tiles_.push_back(t);
+        }
+        const int64_t n_tiles = int64_t(tiles_.size());
+        const int64_t work = n_tiles * s.n_kv_heads;
 #pragma omp parallel for schedule(dynamic, 1) if (work > 1 && layout_.pos[0] + q.rows > 64)
         for (int64_t i = 0; i < work; ++i) {
-            const int64_t t = i / s.n_kv_heads;
+            const int64_t tile = i / s.n_kv_heads;
             const int kvh = int(i % s.n_kv_heads);
-            const int pos = layout_.pos[size_t(t)];
-            const int from = window > 0 ? std::max(0, pos - window + 1) : 0;
-            const size_t at = kv_offset(layer, layout_.slot[size_t(t)], from);
-            const int64_t first = int64_t(kvh) * group * s.head_dim;  // first query head of the group
-            cpu::attention_kv_group(q.row(t) + first, group, k_.data() + at, v_.data() + at, pos + 1 - from,
-                                    kvh, s.n_kv_heads, s.head_dim, scale, out.row(t) + first);
+            const int64_t t0 = tiles_[size_t(tile)];
+            const int n_t = int((tile + 1 < n_tiles ? tiles_[size_t(tile + 1)] : q.rows) - t0);
+            int first[cpu::kAttentionTileTokens], last[cpu::kAttentionTileTokens];
+            for (int t = 0; t < n_t; ++t) {
+                last[t] = layout_.pos[size_t(t0 + t)];
+                first[t] = window > 0 ? std::max(0, last[t] - window + 1) : 0;
+            }
+            const int64_t head0 = int64_t(kvh) * group * s.head_dim;  // first query head of the group
+            if (n_t == 1) {  // decode: the one-token form, the same bits, faster alone
+                const size_t at = kv_offset(layer, layout_.slot[size_t(t0)], first[0]);
+                cpu::attention_kv_group(q.row(t0) + head0, group, k_.data() + at, v_.data() + at, last[0] + 1 - first[0],
+                                        kvh, s.n_kv_heads, s.head_dim, scale, out.row(t0) + head0);
+                continue;
+            }
+            const size_t at = kv_offset(layer, layout_.slot[size_t(t0)], 0);
+            const cpu::AttentionTile a{q.row(t0) + head0, q.cols, n_t, group, first, last, out.row(t0) + head0, out.cols};
+            cpu::attention_tile(a, k_.data() + at, v_.data() + at, kvh, s.n_kv_heads, s.head_dim, scale);
         }
     }
 
@@ -335,6 +356,7 @@ private:
     KvCacheShape kv_shape_;
     std::vector<uint16_t> k_, v_;
     BatchLayout layout_;
+    std::vector<int64_t> tiles_;  // attention: the first batch token of each tile
     Status error_;
 };
 

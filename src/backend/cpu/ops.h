@@ -40,4 +40,24 @@ void route_top_k(const float* logits, int n_expert, int k, int32_t* ids, float* 
 void attention_kv_group(const float* q, int n_q, const uint16_t* k, const uint16_t* v, int n_pos, int kv_head,
                         int n_kv_heads, int head_dim, float scale, float* out);
 
+// The same for up to kAttentionTileTokens query tokens of one sequence at
+// once (a prefill tile): token t's n_q heads at q + t * q_stride, its output
+// at out + t * out_stride, over positions first[t]..last[t] of k and v (the
+// sequence's cache from position 0). Each position's K and V rows are
+// converted once for the tile, and its q·k for the tile's tokens are summed
+// side by side; every token gets the bits attention_kv_group gives it alone
+// (which stays the faster form for a single token).
+constexpr int kAttentionTileTokens = 8;
+struct AttentionTile {
+    const float* q;
+    int64_t q_stride;
+    int n_t, n_q;  // tokens (1..kAttentionTileTokens), query heads of the group
+    const int* first;
+    const int* last;
+    float* out;
+    int64_t out_stride;
+};
+void attention_tile(const AttentionTile& tile, const uint16_t* k, const uint16_t* v, int kv_head, int n_kv_heads,
+                    int head_dim, float scale);
+
 }  // namespace tern::backend::cpu

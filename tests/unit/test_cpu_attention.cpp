@@ -1,0 +1,89 @@
+// The CPU attention's prefill tiles (cpu::attention_tile) against the
+// one-token form (cpu::attention_kv_group): every token of a tile gets the
+// bits it gets alone, over causal ranges and sliding windows, ragged tile
+// sizes, head sizes and query groups; and the one-token form within a stated
+// tolerance of a double-precision softmax. Fresh random inputs each run.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "backend/cpu/ops.h"
+#include "base/fp16.h"
+#include "tests/support/test_seed.h"
+
+namespace tern {
+namespace {
+
+using backend::cpu::AttentionTile;
+using backend::cpu::kAttentionTileTokens;
+
+TEST(CpuAttention, TileTokensHaveTheirOwnBits) {
+    std::mt19937 rng(test::run_seed() + 7);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    struct Shape { int head_dim, n_q, n_kv_heads, n_pos; };
+    for (const Shape sh : {Shape{64, 3, 3, 40}, Shape{256, 4, 1, 70}, Shape{80, 1, 2, 17}, Shape{128, 2, 4, 9}}) {
+        SCOPED_TRACE("head dim " + std::to_string(sh.head_dim) + ", " + std::to_string(sh.n_q) + " query heads");
+        const size_t hd = size_t(sh.head_dim);
+        std::vector<uint16_t> k(size_t(sh.n_pos * sh.n_kv_heads) * hd), v(k.size());
+        for (auto* kv : {&k, &v})
+            for (uint16_t& x : *kv) x = fp32_to_fp16(nd(rng));
+        const int kv_head = sh.n_kv_heads - 1;
+        for (int n_t = 1; n_t <= kAttentionTileTokens; ++n_t)
+            for (int window : {0, 5}) {
+                // A run of consecutive positions ending at n_pos - 1, as in a prefill.
+                std::vector<int> first(static_cast<size_t>(n_t)), last(static_cast<size_t>(n_t));
+                for (int t = 0; t < n_t; ++t) {
+                    last[size_t(t)] = sh.n_pos - n_t + t;
+                    first[size_t(t)] = window > 0 ? std::max(0, last[size_t(t)] - window + 1) : 0;
+                }
+                const int64_t stride = int64_t(sh.n_q) * sh.head_dim + 3;  // rows wider than the group
+                std::vector<float> q(size_t(n_t * stride)), out(q.size(), std::numeric_limits<float>::quiet_NaN());
+                for (float& x : q) x = nd(rng);
+                const AttentionTile tile{q.data(), stride, n_t, sh.n_q, first.data(), last.data(), out.data(), stride};
+                backend::cpu::attention_tile(tile, k.data(), v.data(), kv_head, sh.n_kv_heads, sh.head_dim, 0.125f);
+                for (int t = 0; t < n_t; ++t) {
+                    std::vector<float> alone(size_t(sh.n_q) * hd);
+                    const size_t at = size_t(first[size_t(t)] * sh.n_kv_heads) * hd;
+                    backend::cpu::attention_kv_group(q.data() + t * stride, sh.n_q, k.data() + at, v.data() + at,
+                                                     last[size_t(t)] - first[size_t(t)] + 1, kv_head, sh.n_kv_heads,
+                                                     sh.head_dim, 0.125f, alone.data());
+                    ASSERT_EQ(std::memcmp(alone.data(), out.data() + t * stride, alone.size() * sizeof(float)), 0)
+                        << "token " << t << " of " << n_t << ", window " << window;
+                    // The padding past the group stays untouched.
+                    for (int64_t i = int64_t(alone.size()); i < stride; ++i)
+                        ASSERT_TRUE(std::isnan(out[size_t(t * stride + i)]));
+
+                    // And the result is the softmax-weighted sum of V (double precision).
+                    for (int j = 0; j < sh.n_q; ++j) {
+                        std::vector<double> s;
+                        double mx = -INFINITY;
+                        for (int p = first[size_t(t)]; p <= last[size_t(t)]; ++p) {
+                            double d = 0;
+                            for (size_t i = 0; i < hd; ++i)
+                                d += double(q[size_t(t * stride) + size_t(j) * hd + i]) *
+                                     fp16_to_fp32(k[(size_t(p * sh.n_kv_heads + kv_head)) * hd + i]);
+                            s.push_back(d * 0.125);
+                            mx = std::max(mx, s.back());
+                        }
+                        double sum = 0;
+                        for (double& e : s) sum += (e = std::exp(e - mx));
+                        for (size_t i = 0; i < hd; ++i) {
+                            double want = 0;
+                            for (size_t pi = 0; pi < s.size(); ++pi)
+                                want += s[pi] / sum *
+                                        fp16_to_fp32(v[(size_t((first[size_t(t)] + int(pi)) * sh.n_kv_heads + kv_head)) * hd + i]);
+                            ASSERT_NEAR(alone[size_t(j) * hd + i], want, 1e-5 + 1e-5 * std::fabs(want));
+                        }
+                    }
+                }
+            }
+    }
+}
+
+}  // namespace
+}  // namespace tern
