@@ -27,7 +27,7 @@ struct Hparams {
     int n_head = 0;
     int n_head_kv = 0;
     int head_dim = 0;         // n_embd / n_head unless the file says otherwise
-    int n_ff = 0;             // the FFN's width; a mixture of experts': each expert's
+    int n_ff = 0;             // the FFN's width (a mixture of experts: each expert's)
     int n_expert = 0;         // experts of a mixture-of-experts FFN (0: a dense FFN)
     int n_expert_used = 0;    // experts each token is routed to
     int n_ctx_train = 0;

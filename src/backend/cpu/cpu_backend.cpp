@@ -208,6 +208,9 @@ public:
         route_w_.resize(size_t(logits.rows * k));
         for (int64_t t = 0; t < logits.rows; ++t)
             cpu::route_top_k(logits.row(t), int(logits.cols), k, &route_ids_[size_t(t * k)], &route_w_[size_t(t * k)]);
+        // Each expert's routed rows, in order, for the expert matmuls that follow.
+        expert_pairs_.assign(size_t(logits.cols), {});
+        for (int64_t p = 0; p < int64_t(route_ids_.size()); ++p) expert_pairs_[size_t(route_ids_[size_t(p)])].push_back(p);
     }
 
     void matmul_experts(const std::vector<Weight>& experts, Tensor x, Tensor y) override {
@@ -223,25 +226,15 @@ public:
         const int64_t xb = x.cols / quant::QK8A;
         std::optional<bool> quantized;  // the grouping shared_xq_ holds for x
         try {
-            expert_pairs_.clear();
             for (const ExpertTarget& t : targets) {
                 const std::vector<Weight>& experts = *t.experts;
                 const Tensor y = t.y;
                 if (n_pairs == 0 || (x.rows != n_pairs && x.rows * k != n_pairs) || y.rows != n_pairs ||
-                    experts.empty())
-                    return note(Error{"matmul_experts: " + std::to_string(x.rows) +
-                                      " input rows do not match the routing of " +
-                                      std::to_string(n_pairs / std::max<int64_t>(k, 1)) + " tokens"});
-                if (expert_pairs_.size() != experts.size()) {  // each expert's pairs, in order
-                    expert_pairs_.assign(experts.size(), {});
-                    for (int64_t p = 0; p < n_pairs; ++p) {
-                        const int32_t e = route_ids_[size_t(p)];
-                        if (e < 0 || size_t(e) >= experts.size())
-                            return note(Error{"matmul_experts: expert " + std::to_string(e) + " of " +
-                                              std::to_string(experts.size()) + " does not exist"});
-                        expert_pairs_[size_t(e)].push_back(p);
-                    }
-                }
+                    experts.size() != expert_pairs_.size())
+                    return note(Error{"matmul_experts: " + std::to_string(x.rows) + " input rows and " +
+                                      std::to_string(experts.size()) + " experts do not match the routing of " +
+                                      std::to_string(n_pairs / std::max<int64_t>(k, 1)) + " tokens over " +
+                                      std::to_string(expert_pairs_.size())});
                 const bool int_kernel = quant::dot_int_type(experts[0].type) && x.cols % quant::QK8A == 0;
                 if (int_kernel) {
                     if (const bool grouped = cpu::reads_grouped_acts(experts[0].type, matmul_opt_); quantized != grouped) {
@@ -344,8 +337,8 @@ private:
     std::deque<std::vector<float>> buffers_;
     std::deque<std::vector<float>> small_f32_;
     std::vector<quant::block_q8a> shared_xq_;  // matmul_shared's quantized input
-    // The routing of route_experts: k experts and weights per token, and the
-    // expert matmuls' gathered rows.
+    // The routing of route_experts: k experts and weights per token, each
+    // expert's routed rows, and the expert matmuls' gathered rows.
     int route_k_ = 0;
     std::vector<int32_t> route_ids_;
     std::vector<float> route_w_;
