@@ -3,6 +3,7 @@
 //   quantize_act  f32 activations -> block_q8a planes (per row length and token count;
 //                 quantize_act8: one scale per 256 elements, the K-quants' grouping)
 //   mmvq          decode matmul, 1..8 tokens: weight-bandwidth bound (% of the copy floor)
+//   mmqb          mmq_batch, the K-quants' decode-batch matmul, 1..64 tokens (% of the copy floor)
 //   mmq           prefill matmul on int8 tensor cores (% of the int8 floor)
 // Weights: random normals quantized by quant::quantize_row (q6_K also padded to
 // 224-byte blocks on the device by cuda::pad_q6_K). Every launch configuration
@@ -14,7 +15,8 @@
 // four times the L2 (and three activation/output sets), so weights come from
 // memory as they do in a forward pass. GB/s counts the bytes that must move:
 // weights once, quantized activations, f32 outputs. TOPS = 2*rows*cols*tokens/time.
-// Last per shape: the crossover, the fewest tokens at which mmq beats mmvq.
+// Last per shape: the crossover, the fewest tokens at which mmq beats mmvq,
+// and for the K-quants the same of mmq_batch against mmvq.
 //   matmul [--type q4_K,q6_K,q6_K_pad,q8_0,q4_0,q5_K] [--tokens 1,2,4,8,16,...]
 //          [--floors FILE] [--seed N] [--quick]
 #include <algorithm>
@@ -188,7 +190,8 @@ void make_weight_sets(WeightSets& ws, const TypeCase& tc, const HostWeights& w, 
 
 // ---- one shape ------------------------------------------------------------------------
 
-enum class Op { mmvq, mmq };
+enum class Op { mmvq, mmq, mmqb };
+const char* op_name(Op op) { return op == Op::mmvq ? "mmvq" : op == Op::mmq ? "mmq" : "mmqb"; }
 
 struct Bench {
     const TypeCase& tc;
@@ -206,6 +209,8 @@ struct Bench {
         const cuda::DevWeight& wv = ws.views[weight_set];
         if (op == Op::mmvq)
             cuda::mmvq(wv, acts.view(s), int(n), y[s].get(), shape.rows, stream);
+        else if (op == Op::mmqb)
+            cuda::mmq_batch(wv, acts.view(s), int(n), y[s].get(), shape.rows, stream);
         else
             cuda::mmq(wv, acts.view(s), n, y[s].get(), shape.rows, stream);
     }
@@ -229,7 +234,7 @@ struct Bench {
             if (bits(got) != bits(want)) {
                 std::printf("  MISMATCH %s %s %s %" PRId64 " tokens: row %" PRId64 " token %" PRId64
                             ": gpu %.9g (0x%08x), cpu %.9g (0x%08x)\n",
-                            tc.name, shape.name, op == Op::mmvq ? "mmvq" : "mmq", n, r, t, double(got), bits(got),
+                            tc.name, shape.name, op_name(op), n, r, t, double(got), bits(got),
                             double(want), bits(want));
                 return false;
             }
@@ -318,15 +323,20 @@ int main(int argc, char** argv) {
     // matrix, fewer token counts; the same checks and timing.
     std::vector<MatShape> shapes(std::begin(kShapes), std::end(kShapes));
     if (quick) shapes = {kShapes[0], kShapes[1]};
-    std::vector<int64_t> mmvq_tokens{1, 2, 4, 8}, mmq_tokens{8, 16, 64, 512, 2048};
+    std::vector<int64_t> mmvq_tokens{1, 2, 4, 8}, mmqb_tokens{1, 2, 4, 8, 16, 32, 64},
+        mmq_tokens{8, 16, 64, 512, 2048};
     if (quick) {
         mmvq_tokens = {1, 8};
+        mmqb_tokens = {8, 64};
         mmq_tokens = {16, 512};
     }
     if (!tokens.empty()) {
         mmvq_tokens.clear();
-        for (int64_t n : tokens)
+        mmqb_tokens.clear();
+        for (int64_t n : tokens) {
             if (n <= cuda::kMmvqMaxTokens) mmvq_tokens.push_back(n);
+            if (n <= cuda::kMmqBatchMaxTokens) mmqb_tokens.push_back(n);
+        }
         mmq_tokens = tokens;
     }
 
@@ -372,7 +382,7 @@ int main(int argc, char** argv) {
                         t.held ? "" : "  (launches not all queued in time)");
         }
 
-    std::printf("\n%%floor: mmvq against the copy floor (GB/s), mmq against the int8 floor (TOPS); "
+    std::printf("\n%%floor: mmvq and mmqb against the copy floor (GB/s), mmq against the int8 floor (TOPS); "
                 "sets: weight copies rotated\n");
     print_header();
     int failures = 0;
@@ -398,10 +408,13 @@ int main(int argc, char** argv) {
                 const Timing& t = b.measure(op, n);
                 const double bytes = double(ws.bytes) + double(n) * double(shape.cols / 32) * 40.0 +
                                      double(n) * double(shape.rows) * 4.0;
-                print_row(tc.name, shape.name, shape.rows, shape.cols, op == Op::mmvq ? "mmvq" : "mmq", n, t, bytes,
-                          op == Op::mmvq ? floors.copy_GBps : floors.int8_TOPS, sets);
+                print_row(tc.name, shape.name, shape.rows, shape.cols, op_name(op), n, t, bytes,
+                          op == Op::mmq ? floors.int8_TOPS : floors.copy_GBps, sets);
             };
+            const bool batch = cuda::mmq_batch_type(tc.type);
             for (int64_t n : mmvq_tokens) row(Op::mmvq, n);
+            if (batch)
+                for (int64_t n : mmqb_tokens) row(Op::mmqb, n);
             for (int64_t n : mmq_tokens) row(Op::mmq, n);
 
             // Crossover: both kernels at 1..8 tokens.
@@ -418,10 +431,24 @@ int main(int argc, char** argv) {
             line += cross ? "mmq faster from " + std::to_string(cross) + " tokens"
                           : "mmvq faster through " + std::to_string(cuda::kMmvqMaxTokens) + " tokens";
             crossovers.push_back(line + "  [tok:mmvq/mmq us" + sweep + "]");
+            if (batch) {
+                std::string bl = std::string(tc.name) + " " + shape.name + ": ", bs;
+                int64_t bc = 0;
+                for (int64_t n = 1; n <= cuda::kMmvqMaxTokens; ++n) {
+                    const double v = b.measure(Op::mmvq, n).median_us, q = b.measure(Op::mmqb, n).median_us;
+                    char buf[48];
+                    std::snprintf(buf, sizeof buf, " %" PRId64 ":%.1f/%.1f", n, v, q);
+                    bs += buf;
+                    if (bc == 0 && v > 0 && q > 0 && q < v) bc = n;
+                }
+                bl += bc ? "mmqb faster from " + std::to_string(bc) + " tokens"
+                         : "mmvq faster through " + std::to_string(cuda::kMmvqMaxTokens) + " tokens";
+                crossovers.push_back(bl + "  [tok:mmvq/mmqb us" + bs + "]");
+            }
             failures += b.failures;
         }
     }
-    std::printf("\ncrossover (mmq beats mmvq)\n");
+    std::printf("\ncrossovers (mmq or mmqb beats mmvq)\n");
     for (const std::string& l : crossovers) std::printf("  %s\n", l.c_str());
     if (failures) std::printf("\n%d launch configurations differ from the CPU twin\n", failures);
     SB_CHECK(cudaStreamDestroy(stream));

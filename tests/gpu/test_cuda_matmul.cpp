@@ -3,7 +3,8 @@
 //    quant::quantize_act_row_grouped (group 8) (qs, d, sum), on random normals
 //    with outliers and on blocks made to be hard: rounding ties, all-equal
 //    values, huge, tiny, subnormal, underflowing, signed-zero and NaN blocks;
-//  - mmvq (1, 3, 8 tokens) and mmq (1 ... 2048 tokens) give, for every weight
+//  - mmvq (1, 3, 8 tokens), mmq_batch (K-quants, 1 ... 64 tokens) and mmq
+//    (1 ... 2048 tokens) give, for every weight
 //    type with an integer kernel and both q6_K layouts (raw 210-byte blocks and
 //    the 224-byte padding pad_q6_K makes), the bits of quant::dot_row_chunked
 //    (the order kernels.h documents; K-quants on grouped activations) for
@@ -11,7 +12,8 @@
 //    partial chunk;
 //  - matmul_float (F32, F16, BF16 weights) within a stated float bound of the
 //    exact product, a token's bits the same whatever the batch (few-row
-//    matrices take another kernel with the same arithmetic).
+//    matrices take another kernel with the same arithmetic; rows whose
+//    length is no multiple of 8 take the tiled one).
 // Outputs are poisoned before each launch and checked whole: every element
 // inside the result must be written, every element outside it (the stride gap,
 // the rows past n_tokens) must keep the poison. Fresh random data each run;
@@ -380,16 +382,23 @@ const Shape kShapes[] = {
 };
 constexpr int64_t kMmvqTokens[] = {1, 3, 8};
 constexpr int64_t kMmqTokens[] = {1, 3, 8, 17, 64, 65};  // one token tile (32-row tiles), then two
+// mmq_batch (K-quants): every token tile count, ragged and full.
+constexpr int64_t kMmqBatchTokens[] = {1, 2, 7, 8, 9, 16, 23, 32, 40, 47, 56, 63, 64};
+
+enum class IntKernel { mmvq, mmq_batch, mmq };
+const char* kernel_name(IntKernel k) { return k == IntKernel::mmvq ? "mmvq" : k == IntKernel::mmq ? "mmq" : "mmq_batch"; }
 
 // One launch on a poisoned output with a gap after every token's row
 // (y_stride = rows + 3) and two rows past n_tokens; checked against ref.
-void run_and_check(bool use_mmq, const cuda::DevWeight& w, const cuda::DevAct& a, int64_t n,
+void run_and_check(IntKernel k, const cuda::DevWeight& w, const cuda::DevAct& a, int64_t n,
                    const std::vector<float>& ref, const std::string& what) {
     const int64_t stride = w.rows + 3;
     DeviceBuffer<float> y(size_t((n + 2) * stride));
     y.poison();
-    if (use_mmq)
+    if (k == IntKernel::mmq)
         cuda::mmq(w, a, n, y.get(), stride, nullptr);
+    else if (k == IntKernel::mmq_batch)
+        cuda::mmq_batch(w, a, int(n), y.get(), stride, nullptr);
     else
         cuda::mmvq(w, a, int(n), y.get(), stride, nullptr);
     sync_ok();
@@ -434,12 +443,15 @@ TEST_P(CudaIntMatmul, EveryOutputHasTheCpuTwinsBits) {
         upload_weights(w, c.type, c.layout, dw);
         if (HasFatalFailure()) return;
         const cuda::DevAct& da = dev_acts.at(s.cols).view;
-        for (int64_t n : kMmvqTokens)
-            run_and_check(false, dw.view, da, n, ref, where + " mmvq " + std::to_string(n) + " tokens");
+        auto check = [&](IntKernel k, int64_t n) {
+            run_and_check(k, dw.view, da, n, ref, where + " " + kernel_name(k) + " " + std::to_string(n) + " tokens");
+        };
+        for (int64_t n : kMmvqTokens) check(IntKernel::mmvq, n);
+        if (cuda::mmq_batch_type(c.type))
+            for (int64_t n : kMmqBatchTokens) check(IntKernel::mmq_batch, n);
         std::vector<int64_t> mmq_tokens(std::begin(kMmqTokens), std::end(kMmqTokens));
         mmq_tokens.insert(mmq_tokens.end(), s.big_tokens.begin(), s.big_tokens.end());
-        for (int64_t n : mmq_tokens)
-            run_and_check(true, dw.view, da, n, ref, where + " mmq " + std::to_string(n) + " tokens");
+        for (int64_t n : mmq_tokens) check(IntKernel::mmq, n);
         if (HasFatalFailure()) return;
     }
 }
@@ -479,6 +491,7 @@ struct FloatShape {
 const FloatShape kFloatShapes[] = {
     {1, 256, {1, 3, 8, 17}},          {37, 576, {1, 3, 8, 17, 512}}, {130, 4096, {1, 3, 8, 17, 512}},
     {4096, 256, {1, 3, 8, 17, 512}},  {37, 11008, {1, 8, 17}},       {4096, 4096, {1, 3, 8}},
+    {128, 2048, {1, 2, 8, 9}},        {5, 100, {1, 3, 17}},
 };
 
 class CudaFloatMatmul : public gpu_test::GpuTest, public ::testing::WithParamInterface<WType> {};

@@ -30,6 +30,7 @@
 #include <cmath>
 
 #include "backend/cuda/attention_internal.cuh"
+#include "backend/cuda/cp_async.cuh"
 #include "backend/cuda/ldmatrix.cuh"
 
 namespace tern::cuda::attn {
@@ -75,14 +76,9 @@ __device__ void stage_async(const uint16_t* rows, int64_t stride, int c0, int n,
     for (int i = int(threadIdx.x); i < kChunk * per_row; i += int(blockDim.x)) {
         const int j = i / per_row, c = i % per_row;
         const uint16_t* src = rows + int64_t(c0 + (j < n ? j : 0)) * stride + c * 8;
-        const unsigned dst = unsigned(__cvta_generic_to_shared(tile + j * P + c * 8));
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(j < n ? 16 : 0)
-                     : "memory");
+        cp_async16(tile + j * P + c * 8, src, j < n ? 16 : 0);
     }
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
 template <int HD, bool kSplit>
 __global__ void __launch_bounds__(kMaxWarps * 32)

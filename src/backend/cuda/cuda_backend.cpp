@@ -80,6 +80,7 @@ public:
         be->pad_q6k_ = !(layout && std::string(layout) == "raw");
         const char* graphs = std::getenv("TERN_CUDA_GRAPHS");
         be->graphs_enabled_ = !(graphs && std::string(graphs) == "0");
+        if (const char* m = std::getenv("TERN_MMQ_BATCH_MIN")) be->mmq_batch_min_ = std::atoi(m);
         return std::unique_ptr<Backend>(std::move(be));
     }
 
@@ -279,16 +280,28 @@ public:
                     a.group = group;
                     cuda::quantize_act(x.data, x.cols, n, x.cols, a, stream_);
                 }
-                if (n <= cuda::kMmvqMaxTokens)
-                    cuda::mmvq(d.dev, a, int(n), t.y.data, t.y.cols, stream_);
-                else
-                    cuda::mmq(d.dev, a, n, t.y.data, t.y.cols, stream_);
+                int_matmul(d.dev, a, n, t.y.data, t.y.cols);
             } else {
                 cuda::matmul_float(d.dev, x.data, n, t.y.data, stream_);
             }
             if (t.bias) cuda::add_bias(t.y.data, vec(*t.bias), n, t.y.cols, stream_);
         }
         launched("matmul");
+    }
+
+    // The integer kernel for n tokens: the K-quants' decode-batch kernel from
+    // its crossover with mmvq to its limit, else mmvq up to 8 and mmq beyond.
+    // All give the same bits (kernels.h). The crossovers are the sandbox's
+    // (bench/cuda/matmul on an H200, docs/perf/LOG.md g31): q4_K from 3
+    // tokens, q6_K from 5.
+    void int_matmul(const cuda::DevWeight& w, const cuda::DevAct& a, int64_t n, float* y, int64_t ys) {
+        const int64_t from = mmq_batch_min_ > 0 ? mmq_batch_min_ : w.type == cuda::WType::Q6_K ? 5 : 3;
+        if (cuda::mmq_batch_type(w.type) && n >= from && n <= cuda::kMmqBatchMaxTokens)
+            cuda::mmq_batch(w, a, int(n), y, ys, stream_);
+        else if (n <= cuda::kMmvqMaxTokens)
+            cuda::mmvq(w, a, int(n), y, ys, stream_);
+        else
+            cuda::mmq(w, a, n, y, ys, stream_);
     }
 
     void rope(Tensor x, int n_heads, int head_dim, const RopeParams& rope) override {
@@ -730,6 +743,9 @@ private:
     cudaStream_t stream_ = nullptr;
     bool pad_q6k_ = true;
     bool graphs_enabled_ = true;
+    // Fewest tokens that take mmq_batch (0: each type's crossover);
+    // TERN_MMQ_BATCH_MIN=65 turns it off, for A/B runs.
+    int64_t mmq_batch_min_ = 0;
     std::deque<DeviceWeight> weights_;
     std::vector<void*> device_allocs_, host_allocs_;
     size_t device_bytes_ = 0;

@@ -18,7 +18,7 @@
 //   16-byte load is aligned; kernels read block_stride and take the wide-load
 //   path only when it is a multiple of 16.
 //
-// Arithmetic order of the integer matmuls (mmvq and mmq give the same bits;
+// Arithmetic order of the integer matmuls (mmvq, mmq_batch and mmq give the same bits;
 // quant::dot_row_chunked() is the CPU twin of the whole result):
 // - legacy types: every 32-element block b yields the float term t_b of
 //   quant::dot_block_terms (the CPU kernels' term, docs/cpu-kernels.md); terms
@@ -77,6 +77,12 @@ void quantize_act(const float* x, int64_t x_stride, int64_t n_tokens, int64_t co
 // mmvq: 1..kMmvqMaxTokens tokens, reads each weight once per call (decode).
 constexpr int kMmvqMaxTokens = 8;
 void mmvq(const DevWeight& w, const DevAct& a, int n_tokens, float* y, int64_t y_stride, cudaStream_t stream);
+// mmq_batch: 1..kMmqBatchMaxTokens tokens of the K-quants (mmq_batch_type),
+// int8 tensor cores with a row tile's super-blocks split across warps (the
+// decode step of many sequences).
+constexpr int kMmqBatchMaxTokens = 64;
+bool mmq_batch_type(WType t);
+void mmq_batch(const DevWeight& w, const DevAct& a, int n_tokens, float* y, int64_t y_stride, cudaStream_t stream);
 // mmq: any number of tokens, int8 tensor cores (prefill).
 void mmq(const DevWeight& w, const DevAct& a, int64_t n_tokens, float* y, int64_t y_stride, cudaStream_t stream);
 

@@ -5,11 +5,13 @@
 // registration. (Block geometry is the GGUF type table's, gguf/tensor_type.h.) Float weights are rare in deployed models, so
 // the matmul is a plain shared-memory tiled f32 kernel checked by tolerance;
 // few-row matrices (mixture-of-experts routers, kept f32 in quantized files)
-// at decode take a thread per output. Both sum each output as one fma chain in
+// at decode take a thread per output, fed through shared memory. Both sum each output as one fma chain in
 // column order, so a token's bits do not depend on the kernel or the batch.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "backend/cuda/block_decode.cuh"
+#include "backend/cuda/cp_async.cuh"
 #include "backend/cuda/kernels.h"
 #include "quant/dot.h"
 
@@ -81,25 +83,73 @@ __global__ void __launch_bounds__(256) matmul_float_kernel(DevWeight w, const fl
         }
 }
 
-// Few rows and tokens (a mixture of experts' router at decode): one thread
-// per output, the same fma chain over the columns in order as the tiled
-// kernel's (so the same bits, whichever kernel a shape gets), where the tiled
-// kernel's one or two 64-row tiles each walk every column in synchronised
-// steps. Consecutive threads take consecutive rows of one token, so a warp's
-// x loads are one broadcast. Still latency-bound: one chain of cols fmas per
-// thread, each load waited on (184 us for 128 x 2048 on an H200).
+// Few rows and tokens (a mixture of experts' router at decode): a CTA of
+// kRowsPerCta rows and up to kFewTokens tokens, a thread per output running
+// the fma chain over the columns in order, the tiled kernel's chain (so the
+// same bits, whichever kernel a shape gets). Rows and tokens stream through
+// shared memory in chunks of kRowsChunk columns by cp.async, kRowsStages - 1
+// chunks in flight, so the loads are coalesced and overlap the chains. (A
+// thread per output reading its own row from global memory waited on every
+// load: 184 us for 128 x 2048 on an H200, docs/perf/LOG.md g31.)
+constexpr int kRowsPerCta = 8, kRowsChunk = 128, kRowsStages = 4;
+
+// The staged kernel copies rows and tokens in 16-byte pieces.
+bool rows_kernel_fits(const DevWeight& w, const float* x) {
+    return w.cols % 8 == 0 && w.row_stride % 16 == 0 && reinterpret_cast<uintptr_t>(w.data) % 16 == 0 &&
+           reinterpret_cast<uintptr_t>(x) % 16 == 0;
+}
+
 template <WType T>
-__global__ void __launch_bounds__(256) matmul_float_rows_kernel(DevWeight w, const float* __restrict__ x,
-                                                                int64_t n_tokens, float* __restrict__ y) {
-    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i >= w.rows * n_tokens) return;
-    const int64_t t = i / w.rows, r = i % w.rows;
-    const uint8_t* row = w.data + r * w.row_stride;
-    const float* xt = x + t * w.cols;
+__global__ void __launch_bounds__(kRowsPerCta * kFewTokens) matmul_float_rows_kernel(DevWeight w,
+                                                                                     const float* __restrict__ x,
+                                                                                     int64_t n_tokens,
+                                                                                     float* __restrict__ y) {
+    constexpr int es = T == WType::F32 ? 4 : 2;  // bytes per weight
+    constexpr int wpitch = kRowsChunk * es + 16, xpitch = kRowsChunk * 4 + 16;  // padded: distinct banks per row
+    constexpr int stage_bytes = kRowsPerCta * wpitch + kFewTokens * xpitch;
+    __shared__ __align__(16) uint8_t smem[kRowsStages * stage_bytes];
+    const int tid = threadIdx.x, r = tid % kRowsPerCta, t = tid / kRowsPerCta;
+    const int64_t row0 = int64_t(blockIdx.x) * kRowsPerCta;
+    const int64_t nchunks = (w.cols + kRowsChunk - 1) / kRowsChunk;
+
+    // Chunk c into stage c % kRowsStages: the pieces inside the matrix.
+    auto issue = [&](int64_t c) {
+        uint8_t* st = smem + (c % kRowsStages) * stage_bytes;
+        const int64_t k0 = c * kRowsChunk, len = min64(kRowsChunk, w.cols - k0);
+        constexpr int w_pieces = kRowsChunk * es / 16, x_pieces = kRowsChunk * 4 / 16;
+        for (int u = tid; u < kRowsPerCta * w_pieces; u += int(blockDim.x)) {
+            const int i = u / w_pieces, q = u % w_pieces;
+            if (row0 + i < w.rows && q * 16 < len * es)
+                cp_async16(st + i * wpitch + q * 16, w.data + (row0 + i) * w.row_stride + k0 * es + q * 16);
+        }
+        for (int u = tid; u < kFewTokens * x_pieces; u += int(blockDim.x)) {
+            const int i = u / x_pieces, q = u % x_pieces;
+            if (i < n_tokens && q * 16 < len * 4)
+                cp_async16(st + kRowsPerCta * wpitch + i * xpitch + q * 16, x + i * w.cols + k0 + q * 4);
+        }
+    };
+    for (int64_t c = 0; c < kRowsStages - 1; ++c) {
+        if (c < nchunks) issue(c);
+        cp_async_commit();  // empty groups too: the wait below counts every iteration's group
+    }
+    const bool mine = t < n_tokens && row0 + r < w.rows;
     float acc = 0.0f;
+    for (int64_t c = 0; c < nchunks; ++c) {
+        if (c + kRowsStages - 1 < nchunks) issue(c + kRowsStages - 1);  // into the stage computed at c - 1
+        cp_async_commit();
+        cp_async_wait<kRowsStages - 1>();  // chunk c has landed
+        __syncthreads();
+        const uint8_t* st = smem + (c % kRowsStages) * stage_bytes;
+        const uint8_t* wr = st + r * wpitch;
+        const float* xr = reinterpret_cast<const float*>(st + kRowsPerCta * wpitch + t * xpitch);
+        const int len = int(min64(kRowsChunk, w.cols - c * kRowsChunk));
+        if (mine) {
 #pragma unroll 8
-    for (int64_t k = 0; k < w.cols; ++k) acc = fmaf(weight_at<T>(row, k), xt[k], acc);
-    y[t * w.rows + r] = acc;
+            for (int k = 0; k < len; ++k) acc = fmaf(weight_at<T>(wr, k), xr[k], acc);
+        }
+        __syncthreads();  // the stage is refilled at c + 1
+    }
+    if (mine) y[t * w.rows + row0 + r] = acc;
 }
 
 // A thread per (output row, routed row): one fma chain over the columns in
@@ -131,12 +181,13 @@ __global__ void pad_q6_K_kernel(const uint8_t* __restrict__ raw, uint8_t* __rest
 
 void matmul_float(const DevWeight& w, const float* x, int64_t n, float* y, cudaStream_t s) {
     if (n < 1 || w.rows < 1) return;
-    if (w.rows <= kFewRows && n <= kFewTokens) {
-        const unsigned blocks = unsigned((w.rows * n + 255) / 256);
+    if (w.rows <= kFewRows && n <= kFewTokens && rows_kernel_fits(w, x)) {
+        const unsigned blocks = unsigned((w.rows + kRowsPerCta - 1) / kRowsPerCta);
+        constexpr int threads = kRowsPerCta * kFewTokens;
         switch (w.type) {
-            case WType::F32: matmul_float_rows_kernel<WType::F32><<<blocks, 256, 0, s>>>(w, x, n, y); break;
-            case WType::F16: matmul_float_rows_kernel<WType::F16><<<blocks, 256, 0, s>>>(w, x, n, y); break;
-            case WType::BF16: matmul_float_rows_kernel<WType::BF16><<<blocks, 256, 0, s>>>(w, x, n, y); break;
+            case WType::F32: matmul_float_rows_kernel<WType::F32><<<blocks, threads, 0, s>>>(w, x, n, y); break;
+            case WType::F16: matmul_float_rows_kernel<WType::F16><<<blocks, threads, 0, s>>>(w, x, n, y); break;
+            case WType::BF16: matmul_float_rows_kernel<WType::BF16><<<blocks, threads, 0, s>>>(w, x, n, y); break;
             default: break;
         }
         return;

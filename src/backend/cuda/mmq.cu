@@ -17,6 +17,7 @@
 #include "backend/cuda/block_decode.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/ldmatrix.cuh"
+#include "backend/cuda/mma_int8.cuh"
 
 namespace tern::cuda {
 namespace {
@@ -56,23 +57,6 @@ struct StageK {
     int xs[kTileTokens][4];             // the eight block sums as int16 pairs
     float xd[kTileTokens];              // the group's scale
 };
-
-__device__ __forceinline__ void mma_k32(int (&c)[4], const int (&a)[4], int b0, int b1) {
-    c[0] = c[1] = c[2] = c[3] = 0;
-    asm volatile(
-        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ void mma_k16(int (&c)[4], int a0, int a1, int b0) {
-    c[0] = c[1] = c[2] = c[3] = 0;
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
-        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-        : "r"(a0), "r"(a1), "r"(b0));
-}
 
 // Where the CTA's tile sits in the output (first row and token), and a warp
 // and its lane in the tile: 4 x 2 warps of 32 rows x 32 tokens; an mma's

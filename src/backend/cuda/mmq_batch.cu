@@ -1,0 +1,311 @@
+// Decode-batch matmul for the K-quants (q4_K, q5_K, q6_K): 1..64 tokens, the
+// decode step of many sequences. At these token counts the weights are the
+// cost, and a matrix has too few rows to keep the GPU busy one row tile per
+// CTA (mmq's 32-row tile left 4096-row matrices at 6% of the copy rate). So
+// the super-blocks of a row tile are split across the warps of its CTA: each
+// warp reads one super-block of 32 rows straight into registers (no shared
+// staging, no barrier per super-block), takes its integer sums from int8 mma
+// (rows as M, tokens as N) and forms the super-block's inner term per output
+// (kernels.h). The CTA then chains the terms in super-block order,
+// r = fma(D, inner, r) from +0.0: the order of mmvq, mmq and the CPU twin, so
+// the same bits, for any token count and any batch.
+#include "backend/cuda/block_decode.cuh"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/mma_int8.cuh"
+
+namespace tern::cuda {
+namespace {
+
+constexpr int kRows = 32;   // rows per CTA: a warp's two 16-row mma slices
+constexpr int kWarps = 8;   // super-blocks in flight per CTA (a window)
+constexpr int kThreads = kWarps * 32;
+
+template <bool kAligned4>
+__device__ __forceinline__ int word_at(const uint8_t* p) {
+    return kAligned4 ? u32_at4(p) : u32_at2(p);
+}
+
+// One row's super-block as lane (g, tig) needs it: the words holding
+// elements 4tig..4tig+3 (half 0) and 16+4tig..16+4tig+3 (half 1) of each of
+// the eight 32-element sub-blocks, the scales and the float scales. vals(j,
+// half) is those four elements as int8; scale(j, half) their integer scale.
+template <WType T, bool WIDE>
+struct LaneRow;
+
+// q4_K / q5_K: header words (d, dmin; scales and mins packed as
+// quant/kquant_scales.h), then per 32-byte run r the low nibbles of sub-block
+// 2r and the high nibbles of 2r + 1.
+struct K4Header {
+    int h[4];
+    __device__ void load(const uint8_t* sb) {
+        const int4 v = *reinterpret_cast<const int4*>(sb);  // 144 / 176-byte blocks keep 16-byte alignment
+        h[0] = v.x, h[1] = v.y, h[2] = v.z, h[3] = v.w;
+    }
+    __device__ float d() const { return __half2float(__ushort_as_half(uint16_t(h[0] & 0xFFFF))); }
+    __device__ float dmin() const { return __half2float(__ushort_as_half(uint16_t(uint32_t(h[0]) >> 16))); }
+    __device__ int scale(int j) const {
+        int sc, mn;
+        k4_scale_min(h[1], h[2], h[3], j, sc, mn);
+        return sc;
+    }
+    // The eight mins, a byte each, for __dp2a against the block sums.
+    __device__ int2 mins() const {
+        int m[2] = {0, 0};
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            int sc, mn;
+            k4_scale_min(h[1], h[2], h[3], j, sc, mn);
+            m[j >> 2] |= mn << (8 * (j & 3));
+        }
+        return make_int2(m[0], m[1]);
+    }
+};
+
+template <>
+struct LaneRow<WType::Q4_K, false> {
+    K4Header hd;
+    int qs[4][2];  // [run][half]
+    __device__ void load(const uint8_t* sb, int tig) {
+        hd.load(sb);
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) qs[r][h] = u32_at4(sb + 16 + 32 * r + 16 * h + 4 * tig);
+    }
+    __device__ int vals(int j, int half) const { return (qs[j >> 1][half] >> (4 * (j & 1))) & 0x0F0F0F0F; }
+    __device__ int scale(int j, int) const { return hd.scale(j); }
+};
+
+template <>
+struct LaneRow<WType::Q5_K, false> {
+    K4Header hd;
+    int qh[2];     // bit j of byte i: the fifth bit of element i of sub-block j
+    int qs[4][2];
+    __device__ void load(const uint8_t* sb, int tig) {
+        hd.load(sb);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) qh[h] = u32_at4(sb + 16 + 16 * h + 4 * tig);
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) qs[r][h] = u32_at4(sb + 48 + 32 * r + 16 * h + 4 * tig);
+    }
+    __device__ int vals(int j, int half) const {
+        return ((qs[j >> 1][half] >> (4 * (j & 1))) & 0x0F0F0F0F) | (((qh[half] >> j) & 0x01010101) << 4);
+    }
+    __device__ int scale(int j, int) const { return hd.scale(j); }
+};
+
+// q6_K: ql (low nibbles of sub-blocks 4h + q, q = 0..3, in two 32-byte runs
+// per half h), qh (two bits per element), sixteen int8 scales (one per
+// 16-element half), d. WIDE: the padded layout, 4-byte loads legal.
+template <bool WIDE>
+struct LaneRowQ6 {
+    int ql[2][2][2];  // [h][q & 1][half]
+    int qh[2][2];     // [h][half]
+    int sc[4];        // sixteen int8 scales
+    float d;
+    __device__ void load(const uint8_t* sb, int tig) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+#pragma unroll
+                for (int q = 0; q < 2; ++q) ql[h][q][half] = word_at<WIDE>(sb + 64 * h + 32 * q + 16 * half + 4 * tig);
+                qh[h][half] = word_at<WIDE>(sb + 128 + 32 * h + 16 * half + 4 * tig);
+            }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) sc[i] = word_at<WIDE>(sb + 192 + 4 * i);
+        d = f16_at(sb + 208);
+    }
+    __device__ int vals(int j, int half) const {
+        const int h = j >> 2, q = j & 3;
+        const int lo = (ql[h][q & 1][half] >> (4 * (q >> 1))) & 0x0F0F0F0F;
+        const int hi = (qh[h][half] >> (2 * q)) & 0x03030303;
+        return __vsub4(lo | (hi << 4), 0x20202020);
+    }
+    __device__ int scale(int j, int half) const {
+        const int i = 2 * j + half;
+        return int(int8_t(uint32_t(sc[i >> 2]) >> (8 * (i & 3))));
+    }
+};
+template <>
+struct LaneRow<WType::Q6_K, false> : LaneRowQ6<false> {};
+template <>
+struct LaneRow<WType::Q6_K, true> : LaneRowQ6<true> {};
+
+// One warp's super-block results, per (token, row) of the CTA's tile, and
+// the tokens' sums and scales it read; NT tokens (a multiple of 8).
+template <int NT>
+struct Part {
+    float inner[NT][kRows + 4];  // padded: a warp's stores of one mma's outputs hit distinct banks
+    int xs[NT][4];               // the eight block sums as int16 pairs (q4_K, q5_K)
+    float xd[NT];                // the group scale
+};
+
+// Super-block kc of rows row0.. (32, clamped to the matrix) against tokens
+// 0..NT-1 (those from n on repeat token n - 1: computed, never stored).
+template <WType T, bool WIDE, int NT>
+__device__ __forceinline__ void super_block(const DevWeight& w, const DevAct& a, int n, int64_t row0, int64_t kc,
+                                            Part<NT>& part) {
+    constexpr bool has_min = T != WType::Q6_K;
+    constexpr int NN = NT / 8;
+    const int lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
+
+    for (int u = lane; u < NT * 8; u += 32) {
+        const int t = u >> 3, j = u & 7;
+        const int64_t ab = int64_t(min(t, n - 1)) * a.blocks + kc * 8 + j;
+        if (has_min) reinterpret_cast<int16_t*>(part.xs[t])[j] = int16_t(a.sum[ab]);
+        if (j == 0) part.xd[t] = a.d[ab];
+    }
+
+    LaneRow<T, WIDE> rw[2][2];  // [slice][row g, row g + 8]
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int64_t row = min64(row0 + 16 * mi + g + 8 * h, w.rows - 1);
+            rw[mi][h].load(w.data + row * w.row_stride + kc * w.block_stride, tig);
+        }
+
+    int ia[2][NN][4];  // A per output: sum over the sub-blocks of scale * H
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < NN; ++ni)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) ia[mi][ni][e] = 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        int b[NN][2];
+#pragma unroll
+        for (int ni = 0; ni < NN; ++ni) {
+            const int8_t* xp = a.qs + (int64_t(min(8 * ni + g, n - 1)) * a.blocks + kc * 8 + j) * 32;
+            b[ni][0] = *reinterpret_cast<const int*>(xp + 4 * tig);
+            b[ni][1] = *reinterpret_cast<const int*>(xp + 16 + 4 * tig);
+        }
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) {
+            const int af[4] = {rw[mi][0].vals(j, 0), rw[mi][1].vals(j, 0), rw[mi][0].vals(j, 1),
+                               rw[mi][1].vals(j, 1)};
+            const int sc[2][2] = {{rw[mi][0].scale(j, 0), rw[mi][0].scale(j, 1)},
+                                  {rw[mi][1].scale(j, 0), rw[mi][1].scale(j, 1)}};  // [row g, g + 8][half]
+#pragma unroll
+            for (int ni = 0; ni < NN; ++ni) {
+                int h0[4];
+                if constexpr (T == WType::Q6_K) {
+                    int h1[4];
+                    mma_k16(h0, af[0], af[1], b[ni][0]);
+                    mma_k16(h1, af[2], af[3], b[ni][1]);
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) ia[mi][ni][e] += sc[e >> 1][0] * h0[e] + sc[e >> 1][1] * h1[e];
+                } else {
+                    mma_k32(h0, af, b[ni][0], b[ni][1]);
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) ia[mi][ni][e] += sc[e >> 1][0] * h0[e];
+                }
+            }
+        }
+    }
+    __syncwarp();  // the staged sums and scales are visible to every lane
+
+    // The inner term per output: rows 16mi + g (+ 8), tokens 8ni + 2tig (+ 1).
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const LaneRow<T, WIDE>& r = rw[mi][h];
+            const int row = 16 * mi + g + 8 * h;
+            int2 mn = make_int2(0, 0);
+            if constexpr (has_min) mn = r.hd.mins();
+#pragma unroll
+            for (int ni = 0; ni < NN; ++ni)
+#pragma unroll
+                for (int tk = 0; tk < 2; ++tk) {
+                    const int t = 8 * ni + 2 * tig + tk, A = ia[mi][ni][2 * h + tk];
+                    float inner;
+                    if constexpr (has_min) {
+                        const int4 xs = *reinterpret_cast<const int4*>(part.xs[t]);
+                        int X = __dp2a_lo(xs.x, mn.x, 0);
+                        X = __dp2a_hi(xs.y, mn.x, X);
+                        X = __dp2a_lo(xs.z, mn.y, X);
+                        X = __dp2a_hi(xs.w, mn.y, X);
+                        inner = kquant_inner_min(r.hd.d(), r.hd.dmin(), A, X);
+                    } else {
+                        inner = kquant_inner_scale(r.d, A);
+                    }
+                    part.inner[t][row] = inner;
+                }
+        }
+}
+
+// One CTA: rows blockIdx.x * 32.., every token. Per window of kWarps
+// super-blocks, warp i computes super-block w0 + i; then each thread chains
+// its outputs' terms in super-block order.
+template <WType T, bool WIDE, int NT>
+__global__ void __launch_bounds__(kThreads) mmq_batch_kernel(DevWeight w, DevAct a, int n, float* __restrict__ y,
+                                                             int64_t y_stride) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    Part<NT>* parts = reinterpret_cast<Part<NT>*>(smem);
+    constexpr int per_thread = kRows * NT / kThreads;  // outputs: row o % 32, token o / 32
+    const int warp = threadIdx.x >> 5;
+    const int64_t row0 = int64_t(blockIdx.x) * kRows;
+    const int64_t nsb = w.cols / 256;
+    float acc[per_thread];
+#pragma unroll
+    for (int i = 0; i < per_thread; ++i) acc[i] = 0.0f;
+    for (int64_t w0 = 0; w0 < nsb; w0 += kWarps) {
+        if (w0 + warp < nsb) super_block<T, WIDE, NT>(w, a, n, row0, w0 + warp, parts[warp]);  // uniform per warp
+        __syncthreads();
+        const int here = int(min64(kWarps, nsb - w0));
+#pragma unroll
+        for (int i = 0; i < per_thread; ++i) {
+            const int o = int(threadIdx.x) + i * kThreads, row = o % kRows, t = o / kRows;
+#pragma unroll
+            for (int s = 0; s < kWarps; ++s)
+                if (s < here) acc[i] = __fmaf_rn(parts[s].xd[t], parts[s].inner[t][row], acc[i]);
+        }
+        __syncthreads();  // the parts are rewritten in the next window
+    }
+#pragma unroll
+    for (int i = 0; i < per_thread; ++i) {
+        const int o = int(threadIdx.x) + i * kThreads, row = o % kRows, t = o / kRows;
+        if (t < n && row0 + row < w.rows) y[int64_t(t) * y_stride + row0 + row] = acc[i];
+    }
+}
+
+template <WType T, bool WIDE, int NT>
+void launch(const DevWeight& w, const DevAct& a, int n, float* y, int64_t ys, cudaStream_t s) {
+    const unsigned grid = unsigned((w.rows + kRows - 1) / kRows);
+    const int smem = kWarps * int(sizeof(Part<NT>));
+    // Past 48 KiB (32 tokens and more) the kernel needs the opt-in; cheap,
+    // and decode steps replay from CUDA graphs. A failure fails the launch,
+    // which the caller's error check reports.
+    cudaFuncSetAttribute(mmq_batch_kernel<T, WIDE, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    mmq_batch_kernel<T, WIDE, NT><<<grid, kThreads, smem, s>>>(w, a, n, y, ys);
+}
+
+}  // namespace
+
+bool mmq_batch_type(WType t) { return t == WType::Q4_K || t == WType::Q5_K || t == WType::Q6_K; }
+
+void mmq_batch(const DevWeight& w, const DevAct& a, int n, float* y, int64_t ys, cudaStream_t s) {
+    if (n < 1 || n > kMmqBatchMaxTokens || w.rows < 1 || !mmq_batch_type(w.type)) return;
+    dispatch_int_type(w.type, w.block_stride, [&](auto tag) {
+        using Tag = decltype(tag);
+        if constexpr (BlockInfo<Tag::type>::kquant) {
+            switch ((n + 7) / 8) {
+                case 1: launch<Tag::type, Tag::wide, 8>(w, a, n, y, ys, s); break;
+                case 2: launch<Tag::type, Tag::wide, 16>(w, a, n, y, ys, s); break;
+                case 3: launch<Tag::type, Tag::wide, 24>(w, a, n, y, ys, s); break;
+                case 4: launch<Tag::type, Tag::wide, 32>(w, a, n, y, ys, s); break;
+                case 5: launch<Tag::type, Tag::wide, 40>(w, a, n, y, ys, s); break;
+                case 6: launch<Tag::type, Tag::wide, 48>(w, a, n, y, ys, s); break;
+                case 7: launch<Tag::type, Tag::wide, 56>(w, a, n, y, ys, s); break;
+                default: launch<Tag::type, Tag::wide, 64>(w, a, n, y, ys, s); break;
+            }
+        }
+    });
+}
+
+}  // namespace tern::cuda
