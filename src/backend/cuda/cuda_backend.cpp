@@ -292,10 +292,10 @@ public:
     // The integer kernel for n tokens: the K-quants' decode-batch kernel from
     // its crossover with mmvq to its limit, else mmvq up to 8 and mmq beyond.
     // All give the same bits (kernels.h). The crossovers are the sandbox's
-    // (bench/cuda/matmul on an H200, docs/perf/LOG.md g31): q4_K from 3
-    // tokens, q6_K from 5.
+    // (bench/cuda/matmul on an H200, docs/perf/LOG.md g32): q4_K from 3
+    // tokens, q6_K from 4.
     void int_matmul(const cuda::DevWeight& w, const cuda::DevAct& a, int64_t n, float* y, int64_t ys) {
-        const int64_t from = mmq_batch_min_ > 0 ? mmq_batch_min_ : w.type == cuda::WType::Q6_K ? 5 : 3;
+        const int64_t from = mmq_batch_min_ > 0 ? mmq_batch_min_ : w.type == cuda::WType::Q6_K ? 4 : 3;
         if (cuda::mmq_batch_type(w.type) && n >= from && n <= cuda::kMmqBatchMaxTokens)
             cuda::mmq_batch(w, a, int(n), y, ys, stream_);
         else if (n <= cuda::kMmvqMaxTokens)

@@ -3,10 +3,10 @@
 // cost, and a matrix has too few rows to keep the GPU busy one row tile per
 // CTA (mmq's 32-row tile left 4096-row matrices at 6% of the copy rate). So
 // the super-blocks of a row tile are split across the warps of its CTA: each
-// warp reads one super-block of 32 rows straight into registers (no shared
-// staging, no barrier per super-block), takes its integer sums from int8 mma
-// (rows as M, tokens as N) and forms the super-block's inner term per output
-// (kernels.h). The CTA then chains the terms in super-block order,
+// warp reads one super-block of 32 rows (two while the tokens are few) straight
+// into registers (no shared staging, no barrier per super-block), takes its
+// integer sums from int8 mma (rows as M, tokens as N) and forms the
+// super-block's inner term per output (kernels.h). The CTA then chains the terms in super-block order,
 // r = fma(D, inner, r) from +0.0: the order of mmvq, mmq and the CPU twin, so
 // the same bits, for any token count and any batch.
 #include "backend/cuda/block_decode.cuh"
@@ -143,10 +143,24 @@ struct Part {
     float xd[NT];                // the group scale
 };
 
-// Super-block kc of rows row0.. (32, clamped to the matrix) against tokens
-// 0..NT-1 (those from n on repeat token n - 1: computed, never stored).
+// Lane (g, tig)'s part of super-block kc of rows row0 + 16mi + g (+ 8), the
+// rows clamped to the matrix (rows past it are computed, never stored).
+template <WType T, bool WIDE>
+__device__ __forceinline__ void load_rows(const DevWeight& w, int64_t row0, int64_t kc, LaneRow<T, WIDE> (&rw)[2][2]) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int64_t row = min64(row0 + 16 * mi + g + 8 * h, w.rows - 1);
+            rw[mi][h].load(w.data + row * w.row_stride + kc * w.block_stride, tig);
+        }
+}
+
+// Super-block kc of the rows in rw ([slice][row g, row g + 8]) against
+// tokens 0..NT-1 (those from n on repeat token n - 1: computed, never stored).
 template <WType T, bool WIDE, int NT>
-__device__ __forceinline__ void super_block(const DevWeight& w, const DevAct& a, int n, int64_t row0, int64_t kc,
+__device__ __forceinline__ void super_block(const LaneRow<T, WIDE> (&rw)[2][2], const DevAct& a, int n, int64_t kc,
                                             Part<NT>& part) {
     constexpr bool has_min = T != WType::Q6_K;
     constexpr int NN = NT / 8;
@@ -158,15 +172,6 @@ __device__ __forceinline__ void super_block(const DevWeight& w, const DevAct& a,
         if (has_min) reinterpret_cast<int16_t*>(part.xs[t])[j] = int16_t(a.sum[ab]);
         if (j == 0) part.xd[t] = a.d[ab];
     }
-
-    LaneRow<T, WIDE> rw[2][2];  // [slice][row g, row g + 8]
-#pragma unroll
-    for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int64_t row = min64(row0 + 16 * mi + g + 8 * h, w.rows - 1);
-            rw[mi][h].load(w.data + row * w.row_stride + kc * w.block_stride, tig);
-        }
 
     int ia[2][NN][4];  // A per output: sum over the sub-blocks of scale * H
 #pragma unroll
@@ -239,14 +244,24 @@ __device__ __forceinline__ void super_block(const DevWeight& w, const DevAct& a,
         }
 }
 
-// One CTA: rows blockIdx.x * 32.., every token. Per window of kWarps
-// super-blocks, warp i computes super-block w0 + i; then each thread chains
-// its outputs' terms in super-block order.
+// Super-blocks a warp takes per window: two while the tokens are few (their
+// weight loads in flight together: the wait on memory is the cost there),
+// one where the accumulators need the registers.
+template <int NT>
+struct PerWarp {
+    static constexpr int value = NT <= 16 ? 2 : 1;
+};
+
+// One CTA: rows blockIdx.x * 32.., every token. Per window of kWarps *
+// PerWarp super-blocks, warp i loads super-blocks w0 + i (and w0 + kWarps +
+// i) and computes them; then each thread chains its outputs' terms in
+// super-block order.
 template <WType T, bool WIDE, int NT>
 __global__ void __launch_bounds__(kThreads) mmq_batch_kernel(DevWeight w, DevAct a, int n, float* __restrict__ y,
                                                              int64_t y_stride) {
     extern __shared__ __align__(16) unsigned char smem[];
-    Part<NT>* parts = reinterpret_cast<Part<NT>*>(smem);
+    Part<NT>* parts = reinterpret_cast<Part<NT>*>(smem);  // one per super-block of a window
+    constexpr int SB = PerWarp<NT>::value, kWindow = kWarps * SB;
     constexpr int per_thread = kRows * NT / kThreads;  // outputs: row o % 32, token o / 32
     const int warp = threadIdx.x >> 5;
     const int64_t row0 = int64_t(blockIdx.x) * kRows;
@@ -254,15 +269,22 @@ __global__ void __launch_bounds__(kThreads) mmq_batch_kernel(DevWeight w, DevAct
     float acc[per_thread];
 #pragma unroll
     for (int i = 0; i < per_thread; ++i) acc[i] = 0.0f;
-    for (int64_t w0 = 0; w0 < nsb; w0 += kWarps) {
-        if (w0 + warp < nsb) super_block<T, WIDE, NT>(w, a, n, row0, w0 + warp, parts[warp]);  // uniform per warp
+    for (int64_t w0 = 0; w0 < nsb; w0 += kWindow) {
+        LaneRow<T, WIDE> rw[SB][2][2];
+#pragma unroll
+        for (int s = 0; s < SB; ++s)
+            if (w0 + s * kWarps + warp < nsb) load_rows(w, row0, w0 + s * kWarps + warp, rw[s]);  // uniform per warp
+#pragma unroll
+        for (int s = 0; s < SB; ++s)
+            if (w0 + s * kWarps + warp < nsb)
+                super_block<T, WIDE, NT>(rw[s], a, n, w0 + s * kWarps + warp, parts[s * kWarps + warp]);
         __syncthreads();
-        const int here = int(min64(kWarps, nsb - w0));
+        const int here = int(min64(kWindow, nsb - w0));
 #pragma unroll
         for (int i = 0; i < per_thread; ++i) {
             const int o = int(threadIdx.x) + i * kThreads, row = o % kRows, t = o / kRows;
 #pragma unroll
-            for (int s = 0; s < kWarps; ++s)
+            for (int s = 0; s < kWindow; ++s)
                 if (s < here) acc[i] = __fmaf_rn(parts[s].xd[t], parts[s].inner[t][row], acc[i]);
         }
         __syncthreads();  // the parts are rewritten in the next window
@@ -277,7 +299,7 @@ __global__ void __launch_bounds__(kThreads) mmq_batch_kernel(DevWeight w, DevAct
 template <WType T, bool WIDE, int NT>
 void launch(const DevWeight& w, const DevAct& a, int n, float* y, int64_t ys, cudaStream_t s) {
     const unsigned grid = unsigned((w.rows + kRows - 1) / kRows);
-    const int smem = kWarps * int(sizeof(Part<NT>));
+    const int smem = kWarps * PerWarp<NT>::value * int(sizeof(Part<NT>));
     // Past 48 KiB (32 tokens and more) the kernel needs the opt-in; cheap,
     // and decode steps replay from CUDA graphs. A failure fails the launch,
     // which the caller's error check reports.
