@@ -417,34 +417,26 @@ int main(int argc, char** argv) {
                 for (int64_t n : mmqb_tokens) row(Op::mmqb, n);
             for (int64_t n : mmq_tokens) row(Op::mmq, n);
 
-            // Crossover: both kernels at 1..8 tokens.
-            std::string line = std::string(tc.name) + " " + shape.name + ": ";
-            int64_t cross = 0;
-            std::string sweep;
-            for (int64_t n = 1; n <= cuda::kMmvqMaxTokens; ++n) {
-                const double v = b.measure(Op::mmvq, n).median_us, q = b.measure(Op::mmq, n).median_us;
-                char buf[48];
-                std::snprintf(buf, sizeof buf, " %" PRId64 ":%.1f/%.1f", n, v, q);
-                sweep += buf;
-                if (cross == 0 && v > 0 && q > 0 && q < v) cross = n;
-            }
-            line += cross ? "mmq faster from " + std::to_string(cross) + " tokens"
-                          : "mmvq faster through " + std::to_string(cuda::kMmvqMaxTokens) + " tokens";
-            crossovers.push_back(line + "  [tok:mmvq/mmq us" + sweep + "]");
-            if (batch) {
-                std::string bl = std::string(tc.name) + " " + shape.name + ": ", bs;
-                int64_t bc = 0;
+            // Crossovers: each kernel against mmvq at 1..8 tokens.
+            auto crossover = [&](Op other) {
+                const std::string name = op_name(other);
+                int64_t cross = 0;
+                std::string sweep;
                 for (int64_t n = 1; n <= cuda::kMmvqMaxTokens; ++n) {
-                    const double v = b.measure(Op::mmvq, n).median_us, q = b.measure(Op::mmqb, n).median_us;
+                    const double v = b.measure(Op::mmvq, n).median_us, q = b.measure(other, n).median_us;
                     char buf[48];
                     std::snprintf(buf, sizeof buf, " %" PRId64 ":%.1f/%.1f", n, v, q);
-                    bs += buf;
-                    if (bc == 0 && v > 0 && q > 0 && q < v) bc = n;
+                    sweep += buf;
+                    if (cross == 0 && v > 0 && q > 0 && q < v) cross = n;
                 }
-                bl += bc ? "mmqb faster from " + std::to_string(bc) + " tokens"
-                         : "mmvq faster through " + std::to_string(cuda::kMmvqMaxTokens) + " tokens";
-                crossovers.push_back(bl + "  [tok:mmvq/mmqb us" + bs + "]");
-            }
+                crossovers.push_back(std::string(tc.name) + " " + shape.name + ": " +
+                                     (cross ? name + " faster from " + std::to_string(cross) + " tokens"
+                                            : "mmvq faster through " + std::to_string(cuda::kMmvqMaxTokens) +
+                                                  " tokens") +
+                                     "  [tok:mmvq/" + name + " us" + sweep + "]");
+            };
+            crossover(Op::mmq);
+            if (batch) crossover(Op::mmqb);
             failures += b.failures;
         }
     }
