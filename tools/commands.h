@@ -17,5 +17,6 @@ void add_chat_command(CLI::App& app);
 void add_perplexity_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_serve_command(CLI::App& app);
+void add_template_command(CLI::App& app);
 
 }  // namespace tern::tools

@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
     tern::tools::add_chat_command(app);
     tern::tools::add_perplexity_command(app);
     tern::tools::add_bench_command(app);
+    tern::tools::add_template_command(app);
 #ifdef TERN_HAVE_SERVER
     tern::tools::add_serve_command(app);
 #endif

@@ -1,0 +1,132 @@
+// The chat-template engine (text/jinja.h) on its own: Python's value
+// semantics where they show in output (repr, float text, JSON), the errors a
+// template must get (and their lines), and every limit a hostile template
+// can hit. Rendering against Python's jinja2 itself, template by template, is
+// tests/python/test_jinja_oracle.py.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "text/jinja.h"
+
+namespace jinja = tern::text::jinja;
+
+namespace {
+
+std::string render(const std::string& source, const jinja::Dict& vars = {}, jinja::RenderOptions options = {}) {
+    auto t = jinja::Template::parse(source);
+    if (!t.ok()) return "PARSE ERROR: " + t.error().message;
+    auto out = t->render(vars, options);
+    if (!out.ok()) return "RENDER ERROR: " + out.error().message;
+    return *out;
+}
+
+jinja::Dict conversation() {
+    jinja::List messages;
+    for (const auto& [role, content] : {std::pair{"system", "Be brief."}, std::pair{"user", "Hi ü"}}) {
+        jinja::Dict m;
+        m.set("role", jinja::Value(role));
+        m.set("content", jinja::Value(content));
+        messages.push_back(jinja::Value(std::move(m)));
+    }
+    jinja::Dict vars;
+    vars.set("messages", jinja::Value(std::move(messages)));
+    vars.set("add_generation_prompt", jinja::Value(true));
+    return vars;
+}
+
+}  // namespace
+
+TEST(Jinja, PythonTextOfValues) {
+    EXPECT_EQ(jinja::float_repr(1.0), "1.0");
+    EXPECT_EQ(jinja::float_repr(0.1 + 0.2), "0.30000000000000004");
+    EXPECT_EQ(jinja::float_repr(1e16), "1e+16");
+    EXPECT_EQ(jinja::float_repr(1e-5), "1e-05");
+    EXPECT_EQ(jinja::float_repr(123456.5), "123456.5");
+    EXPECT_EQ(jinja::float_repr(-0.0), "-0.0");
+    EXPECT_EQ(render("{{ [1, 'a', none, true, 2.5, ('t',)] }}"), "[1, 'a', None, True, 2.5, ('t',)]");
+    EXPECT_EQ(render("{{ {'k': \"it's\"} }}"), "{'k': \"it's\"}");
+    EXPECT_EQ(render("{{ undefined_name }}|{{ none }}"), "|None");
+}
+
+TEST(Jinja, JsonAsPythonDumpsIt) {
+    EXPECT_EQ(render("{{ {'a': [1, 2.0, 'é\\n', none, false]}|tojson }}"), "{\"a\": [1, 2.0, \"é\\n\", null, false]}");
+    EXPECT_EQ(render("{{ [1, {'b': []}]|tojson(indent=2) }}"), "[\n  1,\n  {\n    \"b\": []\n  }\n]");
+    EXPECT_EQ(render("{{ 'é😀'|tojson(ensure_ascii=true) }}"), "\"\\u00e9\\ud83d\\ude00\"");
+}
+
+TEST(Jinja, RendersAChatTurnByTurn) {
+    const std::string tmpl =
+        "{% for m in messages %}<|{{ m.role }}|>{{ m['content'] | trim }}\n{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}";
+    EXPECT_EQ(render(tmpl, conversation()), "<|system|>Be brief.\n<|user|>Hi ü\n<|assistant|>");
+}
+
+TEST(Jinja, TrimAndLstripBlocksAsHuggingFaceSetsThem) {
+    EXPECT_EQ(render("{% if true %}\n  x\n{% endif %}\n"), "  x\n");
+    EXPECT_EQ(render("a\n    {% if true %}b{% endif %}"), "a\nb");
+    EXPECT_EQ(render("a\n    {%+ if true %}b{% endif %}"), "a\n    b");
+    EXPECT_EQ(render("a   {{- 'b' -}}   c"), "abc");
+}
+
+TEST(Jinja, SyntaxErrorsNameTheirLine) {
+    auto t = jinja::Template::parse("line one\n{% if x %}\nno end");
+    ASSERT_FALSE(t.ok());
+    EXPECT_NE(t.error().message.find("endif"), std::string::npos) << t.error().message;
+    t = jinja::Template::parse("a\nb\n{{ x | no_such_filter }}");
+    ASSERT_FALSE(t.ok());
+    EXPECT_NE(t.error().message.find("line 3"), std::string::npos) << t.error().message;
+    EXPECT_NE(t.error().message.find("no_such_filter"), std::string::npos);
+    for (const char* unsupported : {"{% include 'x' %}", "{% extends 'x' %}", "{% call f() %}{% endcall %}"}) {
+        t = jinja::Template::parse(unsupported);
+        ASSERT_FALSE(t.ok()) << unsupported;
+        EXPECT_NE(t.error().message.find("not supported"), std::string::npos) << t.error().message;
+    }
+}
+
+TEST(Jinja, RaiseExceptionCarriesTheTemplatesMessage) {
+    EXPECT_EQ(render("{{ raise_exception('roles must alternate') }}"), "RENDER ERROR: roles must alternate");
+}
+
+TEST(Jinja, ImmutableValuesAndUndefinedAttributes) {
+    EXPECT_NE(render("{% set l = [1] %}{{ l.append(2) }}").find("unsafe"), std::string::npos);
+    EXPECT_NE(render("{{ nothing.attr }}").find("undefined"), std::string::npos);
+    EXPECT_EQ(render("{{ messages[5] is defined }}{{ messages[0].missing is defined }}", conversation()), "FalseFalse");
+    EXPECT_NE(render("{% set d = {} %}{% set d.x = 1 %}").find("namespace"), std::string::npos);
+}
+
+TEST(Jinja, EveryLimitStopsARunawayTemplate) {
+    jinja::RenderOptions small;
+    small.limits.max_steps = 10000;
+    EXPECT_NE(render("{% for i in range(100000) %}{% endfor %}", {}, small).find("steps"), std::string::npos);
+    small = {};
+    small.limits.max_output_bytes = 1000;
+    EXPECT_NE(render("{% for i in range(2000) %}x{% endfor %}", {}, small).find("output"), std::string::npos);
+    small = {};
+    small.limits.max_depth = 50;
+    EXPECT_NE(render("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", {}, small).find("deeper"), std::string::npos);
+    small = {};
+    small.limits.max_seconds = 0.05;
+    EXPECT_NE(render("{% for i in range(1000000) %}{% for j in range(30) %}{% endfor %}{% endfor %}", {}, small)
+                  .find("time"),
+              std::string::npos);
+    small = {};
+    small.limits.max_built_bytes = 1 << 20;
+    EXPECT_NE(render("{% set ns = namespace(s='ab') %}{% for i in range(30) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+                     {}, small)
+                  .find("bytes of values"),
+              std::string::npos);
+    EXPECT_NE(render("{{ 'x' * 2000000000 }}").find("string would pass"), std::string::npos);
+    EXPECT_NE(render("{{ range(2000000)|length }}").find("items"), std::string::npos);
+}
+
+TEST(Jinja, StrftimeNowUsesTheGivenTime) {
+    jinja::RenderOptions at;
+    at.now = jinja::parse_iso_time("2026-03-07T09:05:00");
+    ASSERT_TRUE(at.now.has_value());
+    EXPECT_EQ(render("{{ strftime_now('%Y-%m-%d %H:%M %a %j') }}", {}, at), "2026-03-07 09:05 Sat 066");
+    EXPECT_FALSE(jinja::parse_iso_time("2026-13-01").has_value());
+    EXPECT_FALSE(jinja::parse_iso_time("yesterday").has_value());
+    EXPECT_TRUE(jinja::parse_iso_time("2026-03-07").has_value());
+    EXPECT_TRUE(jinja::parse_iso_time("2026-03-07T09:05:00.123Z").has_value());
+}
