@@ -17,7 +17,7 @@ namespace tern::text::jinja::detail {
 namespace {
 
 const Value kNone = Value::none();
-const Value kUndef;
+const Value kUndef = Value();
 
 bool is_int(const Value& v) { return v.kind() == Value::Kind::Int || v.kind() == Value::Kind::Bool; }
 
