@@ -549,9 +549,9 @@ def test_syntax_errors_fail_with_a_message(tmp_path, source):
 
 
 def test_runaway_templates_stop_at_the_limits(tmp_path):
+    # The step and time limits are tested with small limits in tests/unit/test_jinja.cpp: at the
+    # command's defaults they cost seconds of CPU, more under a sanitizer.
     runaway = {
-        "{% for i in range(1000000) %}{% for j in [1, 2, 3, 4, 5, 6, 7, 8, 9, 10] %}{% endfor %}{% endfor %}": "steps",
-        "{% for i in range(1000000) %}{% for j in range(1000000) %}{% endfor %}{% endfor %}": "bytes of values",
         "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}": "deeper",
         "{% for i in range(1000000) %}{{ 'x' * 100 }}{% endfor %}": "output",
         "{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}": "bytes",
