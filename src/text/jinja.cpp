@@ -26,6 +26,8 @@ Result<Template> Template::parse(std::string_view source) {
         return Error{describe(e)};
     } catch (const std::bad_alloc&) {
         return Error{"the template is too large to parse"};
+    } catch (const std::exception& e) {
+        return Error{std::string("the template could not be parsed: ") + e.what()};
     }
 }
 
@@ -40,6 +42,8 @@ Result<std::string> Template::render(const Dict& vars, const RenderOptions& opti
         return Error{e.what()};
     } catch (const std::bad_alloc&) {
         return Error{"the template ran out of memory"};
+    } catch (const std::exception& e) {  // a library's own error (a number out of range, ...)
+        return Error{std::string("the template failed: ") + e.what()};
     }
 }
 

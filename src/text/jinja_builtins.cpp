@@ -37,6 +37,7 @@ std::string strip(const std::string& s, const Value& chars, bool left, bool righ
     const std::vector<char32_t> cps = code_points(s);
     std::vector<char32_t> set;
     const bool ws = chars.is_undefined() || chars.is_none();
+    if (!ws && !chars.is_string()) fail(0, "strip: the characters to strip must be a string or none, not " + chars.type_name());
     if (!ws) set = code_points(chars.as_string());
     auto drop = [&](char32_t c) { return ws ? py_space(c) : std::find(set.begin(), set.end(), c) != set.end(); };
     size_t a = 0, b = cps.size();

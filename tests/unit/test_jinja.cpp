@@ -93,6 +93,9 @@ TEST(Jinja, ImmutableValuesAndUndefinedAttributes) {
     EXPECT_NE(render("{{ nothing.attr }}").find("undefined"), std::string::npos);
     EXPECT_EQ(render("{{ messages[5] is defined }}{{ messages[0].missing is defined }}", conversation()), "FalseFalse");
     EXPECT_NE(render("{% set d = {} %}{% set d.x = 1 %}").find("namespace"), std::string::npos);
+    // Found by fuzzing: arguments of the wrong type are errors, not reads of the wrong value.
+    EXPECT_NE(render("{{ ' x '.strip(false) }}").find("string or none"), std::string::npos);
+    EXPECT_NE(render("{{ [[1]]|map(attribute='99999999999999999999')|list }}").find("ERROR"), std::string::npos);
 }
 
 TEST(Jinja, EveryLimitStopsARunawayTemplate) {
