@@ -298,18 +298,19 @@ Value f_default(const Value& v, Args& a) {
     return v;
 }
 
+// Hugging Face's tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False).
 Value f_tojson(const Value& v, Args& a) {
-    const Value ind = a.get(0, "indent", kNone);
+    const bool ensure_ascii = a.get(0, "ensure_ascii", Value(false)).truthy();
+    const Value ind = a.get(1, "indent", kNone);
     int indent = -1;
     if (ind.is_number()) {
         if (ind.as_int() > 64) fail(a.line, "tojson: indent past 64 is not supported");
         indent = int(std::max<int64_t>(0, ind.as_int()));
+    } else if (!ind.is_none() && !ind.is_undefined()) {
+        fail(a.line, "tojson: indent must be a number");
     }
-    else if (!ind.is_none() && !ind.is_undefined()) fail(a.line, "tojson: indent must be a number");
-    for (const auto& [k, x] : a.kw)
-        if (k == "separators" && !x.is_none()) fail(a.line, "tojson: custom separators are not supported");
-    const bool sort_keys = a.get(99, "sort_keys", Value(false)).truthy();
-    const bool ensure_ascii = a.get(99, "ensure_ascii", Value(false)).truthy();
+    if (!a.get(2, "separators", kNone).is_none()) fail(a.line, "tojson: custom separators are not supported");
+    const bool sort_keys = a.get(3, "sort_keys", Value(false)).truthy();
     bool ok = true;
     std::string out = to_json(v, indent, sort_keys, ok);
     if (!ok) fail(a.line, "tojson: the value holds something that is not JSON (undefined or a function)");
@@ -768,25 +769,19 @@ Value g_range(Args& a) {
     return Value(std::move(out));
 }
 
-Value g_namespace(Args& a) {
+// The dict of namespace(...) and dict(...): dicts given positionally, then keyword arguments.
+Dict dict_of_args(Args& a, const char* what) {
     Dict d;
     for (const Value& v : a.pos) {
-        if (!v.is_dict()) fail(a.line, "namespace() takes a dict or keyword arguments");
+        if (!v.is_dict()) fail(a.line, std::string(what) + "() takes a dict or keyword arguments");
         for (const auto& [k, x] : v.as_dict().items) d.set(k, x);
     }
     for (const auto& [k, v] : a.kw) d.set(k, v);
-    return Value::namespace_of(std::move(d));
+    return d;
 }
 
-Value g_dict(Args& a) {
-    Dict d;
-    for (const Value& v : a.pos) {
-        if (!v.is_dict()) fail(a.line, "dict() takes a dict or keyword arguments");
-        for (const auto& [k, x] : v.as_dict().items) d.set(k, x);
-    }
-    for (const auto& [k, v] : a.kw) d.set(k, v);
-    return Value(std::move(d));
-}
+Value g_namespace(Args& a) { return Value::namespace_of(dict_of_args(a, "namespace")); }
+Value g_dict(Args& a) { return Value(dict_of_args(a, "dict")); }
 
 Value g_raise_exception(Args& a) {
     // Hugging Face raises TemplateError(message): the message alone.

@@ -225,13 +225,23 @@ Value Renderer::make_macro(const Stmt& s) {
         if (a.pos.size() > s.params.size())
             fail(a.line, "macro '" + s.name + "' takes " + std::to_string(s.params.size()) + " arguments, got " +
                              std::to_string(a.pos.size()));
-        // A macro sees the template's top-level names and its own parameters.
-        std::vector<std::unordered_map<std::string, Value>> saved(std::make_move_iterator(scopes_.begin() + 1),
-                                                                  std::make_move_iterator(scopes_.end()));
-        scopes_.resize(1);
-        scopes_.emplace_back();
+        // A macro sees the template's top-level names and its own parameters;
+        // the caller's scopes come back however the body ends.
+        struct CallerScopes {
+            std::vector<std::unordered_map<std::string, Value>>& scopes;
+            std::vector<std::unordered_map<std::string, Value>> saved;
+            explicit CallerScopes(std::vector<std::unordered_map<std::string, Value>>& s)
+                : scopes(s), saved(std::make_move_iterator(s.begin() + 1), std::make_move_iterator(s.end())) {
+                scopes.resize(1);
+                scopes.emplace_back();
+            }
+            ~CallerScopes() {
+                scopes.resize(1);
+                for (auto& m : saved) scopes.push_back(std::move(m));
+            }
+        } caller(scopes_);
         std::string out;
-        try {
+        {
             for (const auto& [k, v] : a.kw) {
                 bool known = false;
                 for (const auto& p : s.params) known = known || p.first == k;
@@ -243,13 +253,7 @@ Value Renderer::make_macro(const Stmt& s) {
                 assign(name, given ? *given : def ? eval(*def) : Value());
             }
             exec(s.body, out);
-        } catch (...) {
-            scopes_.resize(1);
-            for (auto& m : saved) scopes_.push_back(std::move(m));
-            throw;
         }
-        scopes_.resize(1);
-        for (auto& m : saved) scopes_.push_back(std::move(m));
         return Value(std::move(out));
     });
 }

@@ -10,6 +10,7 @@
 // Inside a tag the end is recognized only outside brackets, as Jinja2 does,
 // so a dict literal's "}}" does not close a "{{".
 #include <cctype>
+#include <cerrno>
 #include <cstdlib>
 
 #include "text/jinja_internal.h"

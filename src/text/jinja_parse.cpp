@@ -3,6 +3,7 @@
 // comparisons and membership, "~", + and -, * / // %, **, unary - and +,
 // then a primary with its postfixes (attribute, subscript or slice, call,
 // "|" filter, "is" test).
+#include <initializer_list>
 #include <set>
 
 #include "text/jinja_internal.h"
@@ -266,35 +267,23 @@ private:
         return chain ? std::move(chain) : std::move(first);
     }
 
-    ExprPtr concat() {
-        ExprPtr left = sum();
-        while (accept_op("~")) left = binary(Expr::Kind::Binary, "~", std::move(left), sum());
-        return left;
-    }
-    ExprPtr sum() {
-        ExprPtr left = product();
-        while (peek().kind == Tok::Op && (peek().text == "+" || peek().text == "-")) {
-            const std::string op = peek().text;
+    // One left-associative level of binary operators over the next level.
+    ExprPtr binary_level(ExprPtr (Parser::*next)(), std::initializer_list<const char*> ops) {
+        ExprPtr left = (this->*next)();
+        while (true) {
+            const char* op = nullptr;
+            for (const char* o : ops)
+                if (peek().kind == Tok::Op && peek().text == o) op = o;
+            if (!op) return left;
             ++i_;
-            left = binary(Expr::Kind::Binary, op, std::move(left), product());
+            left = binary(Expr::Kind::Binary, op, std::move(left), (this->*next)());
         }
-        return left;
     }
-    ExprPtr product() {
-        ExprPtr left = power();
-        while (peek().kind == Tok::Op &&
-               (peek().text == "*" || peek().text == "/" || peek().text == "//" || peek().text == "%")) {
-            const std::string op = peek().text;
-            ++i_;
-            left = binary(Expr::Kind::Binary, op, std::move(left), power());
-        }
-        return left;
-    }
-    ExprPtr power() {
-        ExprPtr left = unary();
-        while (accept_op("**")) left = binary(Expr::Kind::Binary, "**", std::move(left), unary());
-        return left;
-    }
+    ExprPtr concat() { return binary_level(&Parser::sum, {"~"}); }
+    ExprPtr sum() { return binary_level(&Parser::product, {"+", "-"}); }
+    ExprPtr product() { return binary_level(&Parser::power, {"*", "/", "//", "%"}); }
+    ExprPtr power() { return binary_level(&Parser::unary_filtered, {"**"}); }
+    ExprPtr unary_filtered() { return unary(); }
 
     // Jinja2: "-x|f" is (-x)|f: filters and tests apply to the outermost
     // unary result, not to the operand of a nested one ("--x|f" is (--x)|f).

@@ -375,6 +375,7 @@ User: {{ m.content }}
 {{ messages[0]|tojson }}
 {{ {'k': [1, 2.0, 'é', none, true], 'n': {}}|tojson(indent=2) }}
 {{ {'b': 1, 'a': 2}|tojson(sort_keys=true) }} {{ 'ü'|tojson(ensure_ascii=true) }} {{ messages|length }} {{ messages|count }}
+{{ 'ü'|tojson(true) }} {{ [1, 'ü']|tojson(false, 2) }} {{ {'b': 1, 'a': 2}|tojson(false, none, none, true) }}
 """,
     # Tests.
     "tests": """{{ messages is defined }} {{ nope is undefined }} {{ none is none }} {{ 'x' is string }} {{ 1 is number }} {{ 1.5 is integer }}
