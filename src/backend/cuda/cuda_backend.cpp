@@ -81,6 +81,7 @@ public:
         const char* graphs = std::getenv("TERN_CUDA_GRAPHS");
         be->graphs_enabled_ = !(graphs && std::string(graphs) == "0");
         if (const char* m = std::getenv("TERN_MMQ_BATCH_MIN")) be->mmq_batch_min_ = std::atoi(m);
+        if (const char* m = std::getenv("TERN_MMQ_BATCH_ROWS")) be->mmq_batch_rows_ = std::atoll(m);
         return std::unique_ptr<Backend>(std::move(be));
     }
 
@@ -293,10 +294,13 @@ public:
     // its crossover with mmvq to its limit, else mmvq up to 8 and mmq beyond.
     // All give the same bits (kernels.h). The crossovers are the sandbox's
     // (bench/cuda/matmul on an H200, docs/perf/LOG.md g32): q4_K from 3
-    // tokens, q6_K from 4.
+    // tokens, q6_K from 4. Past 32 tokens a matrix of many rows fills the GPU
+    // with mmq's tiles, which then win (g34: from 40 tokens, 54 against 58
+    // us for 11,008 rows, 117 against 143 for 32,000).
     void int_matmul(const cuda::DevWeight& w, const cuda::DevAct& a, int64_t n, float* y, int64_t ys) {
         const int64_t from = mmq_batch_min_ > 0 ? mmq_batch_min_ : w.type == cuda::WType::Q6_K ? 4 : 3;
-        if (cuda::mmq_batch_type(w.type) && n >= from && n <= cuda::kMmqBatchMaxTokens)
+        const bool many_rows = n > 32 && w.rows > mmq_batch_rows_;
+        if (cuda::mmq_batch_type(w.type) && n >= from && n <= cuda::kMmqBatchMaxTokens && !many_rows)
             cuda::mmq_batch(w, a, int(n), y, ys, stream_);
         else if (n <= cuda::kMmvqMaxTokens)
             cuda::mmvq(w, a, int(n), y, ys, stream_);
@@ -746,6 +750,8 @@ private:
     // Fewest tokens that take mmq_batch (0: each type's crossover);
     // TERN_MMQ_BATCH_MIN=65 turns it off, for A/B runs.
     int64_t mmq_batch_min_ = 0;
+    // Rows past which more than 32 tokens take mmq (TERN_MMQ_BATCH_ROWS, for A/B runs).
+    int64_t mmq_batch_rows_ = 8192;
     std::deque<DeviceWeight> weights_;
     std::vector<void*> device_allocs_, host_allocs_;
     size_t device_bytes_ = 0;
