@@ -40,12 +40,14 @@ size_t first_droppable(const std::vector<text::ChatMessage>& messages) {
 // replies after it) until the prompt leaves `reserve` positions for the
 // answer. The newest user message is never dropped: if it alone does not fit,
 // that is an error.
-Result<ChatPrompt> fit_conversation(const text::Tokenizer& tok, const text::ChatTemplate& tmpl,
+Result<ChatPrompt> fit_conversation(const text::Tokenizer& tok, const text::ChatFormat& format,
                                     std::vector<text::ChatMessage>& messages, int n_ctx, int reserve,
                                     int& dropped_turns) {
     dropped_turns = 0;
     for (;;) {
-        auto p = tokenize_chat(tok, tmpl, messages, true);
+        text::ChatRequest chat;
+        chat.messages = messages;
+        auto p = tokenize_chat(tok, format, chat);
         if (!p.ok()) return p.error();
         if (int64_t(p->tokens.size()) + reserve <= n_ctx) return p;
         const size_t first = first_droppable(messages);
@@ -68,7 +70,7 @@ void run_chat(const ChatOptions& o, const CLI::App& cmd) {
     const std::string path = resolve_model_path(kCmd, o.model.model);
     std::unique_ptr<runtime::Engine> engine = open_engine(kCmd, path, o.model, o.model.ctx);
     const text::Tokenizer& tok = engine->tokenizer();
-    const text::ChatTemplate tmpl = chat_template_of(kCmd, *engine);
+    const text::ChatFormat format = chat_format_of(kCmd, *engine);
     const int n_ctx = engine->n_ctx();
     if (o.model.verbose) {
         print_model_summary(*engine, path);
@@ -78,7 +80,7 @@ void run_chat(const ChatOptions& o, const CLI::App& cmd) {
     runtime::GenerateOptions gen;
     gen.max_tokens = o.n_predict;
     gen.sampling = sampling;
-    for (const std::string& s : text::chat_stop_strings(tmpl.family)) gen.stop.push_back(s);
+    for (const std::string& s : format.stop_strings()) gen.stop.push_back(s);
     // Room kept for each answer when old turns must go; an unlimited answer
     // still ends at the context's end and the next turn makes room again.
     const int reserve = std::min(o.n_predict > 0 ? o.n_predict : n_ctx / 4, n_ctx / 2);
@@ -110,7 +112,7 @@ void run_chat(const ChatOptions& o, const CLI::App& cmd) {
 
         messages.push_back({"user", line});
         int dropped = 0;
-        auto prompt = fit_conversation(tok, tmpl, messages, n_ctx, reserve, dropped);
+        auto prompt = fit_conversation(tok, format, messages, n_ctx, reserve, dropped);
         if (!prompt.ok()) {
             std::fprintf(stderr, "tern chat: error: %s\n", prompt.error().message.c_str());
             messages.pop_back();

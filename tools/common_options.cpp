@@ -271,15 +271,13 @@ std::vector<int32_t> tokenize_prompt(const text::Tokenizer& tok, std::string_vie
     return ids;
 }
 
-text::ChatTemplate chat_template_of(const char* command, const runtime::Engine& engine) {
-    const std::string& source = engine.chat_template();
-    text::ChatTemplate tmpl = text::inspect_chat_template(source);
-    if (source.empty())
-        std::fprintf(stderr, "tern %s: warning: the model has no chat template; using ChatML\n", command);
-    else if (!tmpl.recognized)
-        std::fprintf(stderr, "tern %s: warning: the model's chat template is not one tern knows; using ChatML\n",
-                     command);
-    return tmpl;
+text::ChatFormat chat_format_of(const char* command, const runtime::Engine& engine) {
+    const text::Tokenizer& tok = engine.tokenizer();
+    auto text_of = [&](int32_t id) { return id >= 0 ? tok.token_to_piece(id) : std::string(); };
+    text::ChatFormat format =
+        text::ChatFormat::make(engine.chat_template(), text_of(tok.bos_id()), text_of(tok.vocab().eos_id));
+    if (!format.warning().empty()) std::fprintf(stderr, "tern %s: warning: %s\n", command, format.warning().c_str());
+    return format;
 }
 
 namespace {
@@ -301,10 +299,10 @@ std::string_view trim_ws(std::string_view s) {
 
 }  // namespace
 
-Result<ChatPrompt> tokenize_chat(const text::Tokenizer& tok, const text::ChatTemplate& tmpl,
-                                 const std::vector<text::ChatMessage>& messages, bool add_generation_prompt) {
-    const std::string bos_text = tok.bos_id() >= 0 ? tok.token_to_piece(tok.bos_id()) : std::string();
-    auto rendered = text::render_chat(tmpl, messages, add_generation_prompt, bos_text);
+Result<ChatPrompt> tokenize_chat(const text::Tokenizer& tok, const text::ChatFormat& format,
+                                 const text::ChatRequest& request) {
+    const std::vector<text::ChatMessage>& messages = request.messages;
+    auto rendered = format.render(request);
     if (!rendered.ok()) return rendered.error();
     ChatPrompt p;
     p.text = std::move(*rendered);
@@ -345,7 +343,7 @@ Result<ChatPrompt> tokenize_chat(const text::Tokenizer& tok, const text::ChatTem
         }
         append(all.substr(pos), true);
     }
-    if (tok.vocab().add_bos && tok.bos_id() >= 0 && !text::template_includes_bos(tmpl.family))
+    if (tok.vocab().add_bos && tok.bos_id() >= 0 && !format.includes_bos(p.text))
         p.tokens.insert(p.tokens.begin(), tok.bos_id());
     return p;
 }

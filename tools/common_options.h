@@ -15,7 +15,7 @@
 
 #include "runtime/engine.h"
 #include "runtime/sampler.h"
-#include "text/chat_template.h"
+#include "text/chat_format.h"
 #include "text/tokenizer.h"
 
 namespace tern::tools {
@@ -96,15 +96,15 @@ struct ChatPrompt {
     std::vector<int32_t> tokens;  // BOS first unless the template writes it
 };
 
-// The chat format of the engine's model. A model without a template, or with
-// one tern does not recognize, gets ChatML with a warning on stderr.
-text::ChatTemplate chat_template_of(const char* command, const runtime::Engine& engine);
+// The chat format of the engine's model: its own template, or (none, or one
+// that does not parse) a family's format, with a warning on stderr.
+text::ChatFormat chat_format_of(const char* command, const runtime::Engine& engine);
 
 // Renders and tokenizes a conversation. Template markup becomes control
 // tokens; message contents never do (text that spells a control token inside
 // a message is tokenized as plain text).
-Result<ChatPrompt> tokenize_chat(const text::Tokenizer& tok, const text::ChatTemplate& tmpl,
-                                 const std::vector<text::ChatMessage>& messages, bool add_generation_prompt);
+Result<ChatPrompt> tokenize_chat(const text::Tokenizer& tok, const text::ChatFormat& format,
+                                 const text::ChatRequest& request);
 
 // The llama.cpp-style timing lines on stderr.
 void print_timings(int n_prompt, double prompt_ms, int n_generated, double generate_ms);

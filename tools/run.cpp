@@ -71,14 +71,14 @@ void run_run(const RunOptions& o, const CLI::App& cmd) {
 
     std::vector<int32_t> tokens;
     if (o.chat) {
-        const text::ChatTemplate tmpl = chat_template_of(kCmd, *engine);
-        std::vector<text::ChatMessage> messages;
-        if (o.system) messages.push_back({"system", *o.system});
-        messages.push_back({"user", prompt});
-        auto rendered = tokenize_chat(tok, tmpl, messages, true);
-        if (!rendered.ok()) fail(kCmd, "chat template: " + rendered.error().message);
+        const text::ChatFormat format = chat_format_of(kCmd, *engine);
+        text::ChatRequest chat;
+        if (o.system) chat.messages.push_back({"system", *o.system});
+        chat.messages.push_back({"user", prompt});
+        auto rendered = tokenize_chat(tok, format, chat);
+        if (!rendered.ok()) fail(kCmd, rendered.error().message);
         tokens = std::move(rendered->tokens);
-        for (const std::string& s : text::chat_stop_strings(tmpl.family)) gen.stop.push_back(s);
+        for (const std::string& s : format.stop_strings()) gen.stop.push_back(s);
         if (o.model.verbose) std::fprintf(stderr, "rendered prompt:\n%s\n", rendered->text.c_str());
     } else {
         tokens = tokenize_prompt(tok, prompt, !o.no_special);

@@ -109,17 +109,17 @@ void run_serve(const ServeOptions& o, const CLI::App& cmd) {
     std::unique_ptr<runtime::Engine> engine = std::move(*opened);
     if (o.model.verbose) print_model_summary(*engine, path);
 
-    const text::ChatTemplate tmpl = chat_template_of(kCmd, *engine);
+    const text::ChatFormat format = chat_format_of(kCmd, *engine);
     server::PromptBuilder prompts;
     const text::Tokenizer tok = engine->tokenizer();
-    prompts.chat = [tok, tmpl](const std::vector<text::ChatMessage>& messages) -> Result<std::vector<int32_t>> {
-        auto p = tokenize_chat(tok, tmpl, messages, true);
+    prompts.chat = [tok, format](const text::ChatRequest& chat) -> Result<std::vector<int32_t>> {
+        auto p = tokenize_chat(tok, format, chat);
         if (!p.ok()) return p.error();
         return std::move(p->tokens);
     };
     // Completion prompts are plain text: text spelling a control token stays text.
     prompts.completion = [tok](std::string_view prompt) { return tokenize_prompt(tok, prompt, false); };
-    prompts.chat_stops = text::chat_stop_strings(tmpl.family);
+    prompts.chat_stops = format.stop_strings();
 
     runtime::SchedulerOptions so;
     so.max_queue = o.max_queue;

@@ -8,12 +8,13 @@
 // with the template's message.
 #include <cstdio>
 #include <fstream>
-#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 
 #include "gguf/gguf.h"
+#include "server/json_value.h"
+#include "text/chat_format.h"
 #include "text/jinja.h"
 #include "text/vocab.h"
 #include "tools/commands.h"
@@ -51,31 +52,10 @@ ordered_json parse_json(const std::string& text, const std::string& what) {
     }
 }
 
-// A JSON document as template values (object keys in their order).
-jinja::Value to_value(const ordered_json& j) {
-    switch (j.type()) {
-        case ordered_json::value_t::null: return jinja::Value::none();
-        case ordered_json::value_t::boolean: return jinja::Value(j.get<bool>());
-        case ordered_json::value_t::number_integer: return jinja::Value(j.get<int64_t>());
-        case ordered_json::value_t::number_unsigned: {
-            const uint64_t u = j.get<uint64_t>();
-            if (u > uint64_t(std::numeric_limits<int64_t>::max())) return jinja::Value(double(u));
-            return jinja::Value(int64_t(u));
-        }
-        case ordered_json::value_t::number_float: return jinja::Value(j.get<double>());
-        case ordered_json::value_t::string: return jinja::Value(j.get<std::string>());
-        case ordered_json::value_t::array: {
-            jinja::List l;
-            for (const auto& x : j) l.push_back(to_value(x));
-            return jinja::Value(std::move(l));
-        }
-        case ordered_json::value_t::object: {
-            jinja::Dict d;
-            for (const auto& [k, v] : j.items()) d.set(k, to_value(v));
-            return jinja::Value(std::move(d));
-        }
-        default: return jinja::Value::none();
-    }
+jinja::Value to_value(const ordered_json& j, const std::string& what) {
+    auto v = server::json_to_value(j);
+    if (!v) fail(kCmd, what + " nests deeper than " + std::to_string(server::kJsonValueMaxDepth) + " levels");
+    return std::move(*v);
 }
 
 void run_template(const TemplateOptions& o) {
@@ -99,26 +79,22 @@ void run_template(const TemplateOptions& o) {
         source = read_file(o.file, "the template");
     }
 
-    jinja::Dict vars;
     const ordered_json messages = parse_json(read_file(o.messages, "the messages"), o.messages);
     if (!messages.is_array()) fail(kCmd, o.messages + ": the messages must be a JSON array of message objects");
-    vars.set("messages", to_value(messages));
+    jinja::Value tools = jinja::Value::none();
     if (!o.tools.empty()) {
-        const ordered_json tools = parse_json(read_file(o.tools, "the tools"), o.tools);
-        if (!tools.is_array()) fail(kCmd, o.tools + ": the tools must be a JSON array");
-        vars.set("tools", to_value(tools));
-    } else {
-        vars.set("tools", jinja::Value::none());
+        const ordered_json t = parse_json(read_file(o.tools, "the tools"), o.tools);
+        if (!t.is_array()) fail(kCmd, o.tools + ": the tools must be a JSON array");
+        tools = to_value(t, o.tools);
     }
-    vars.set("documents", jinja::Value::none());
-    vars.set("add_generation_prompt", jinja::Value(!o.no_generation_prompt));
-    vars.set("bos_token", jinja::Value(bos));
-    vars.set("eos_token", jinja::Value(eos));
+    jinja::Dict extra;
     if (!o.kwargs.empty()) {
-        const ordered_json extra = parse_json(o.kwargs, "--kwargs");
-        if (!extra.is_object()) fail(kCmd, "--kwargs must be a JSON object of template variables");
-        for (const auto& [k, v] : extra.items()) vars.set(k, to_value(v));
+        const ordered_json e = parse_json(o.kwargs, "--kwargs");
+        if (!e.is_object()) fail(kCmd, "--kwargs must be a JSON object of template variables");
+        extra = to_value(e, "--kwargs").as_dict();
     }
+    auto vars = text::chat_template_vars(to_value(messages, o.messages), std::move(tools), !o.no_generation_prompt, bos, eos, extra);
+    if (!vars) fail(kCmd, "--kwargs: " + vars.error().message);
 
     jinja::RenderOptions options;
     if (!o.now.empty()) {
@@ -127,7 +103,7 @@ void run_template(const TemplateOptions& o) {
     }
     auto tmpl = jinja::Template::parse(source);
     if (!tmpl) fail(kCmd, tmpl.error().message);
-    auto out = tmpl->render(vars, options);
+    auto out = tmpl->render(*vars, options);
     if (!out) fail(kCmd, out.error().message);
     std::fwrite(out->data(), 1, out->size(), stdout);
 }

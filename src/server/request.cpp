@@ -5,10 +5,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "server/json_value.h"
+
 namespace tern::server {
 namespace {
 
-using nlohmann::json;
+// Ordered: tools and template arguments reach the template with their keys
+// in the order the client wrote them.
+using json = nlohmann::ordered_json;
 
 // Thrown inside the parser only; parse_request turns it into a value.
 struct Reject {
@@ -79,6 +83,55 @@ std::string message_content(const json& content, const std::string& field) {
     return out;
 }
 
+text::jinja::Value template_value(const json& v, const std::string& field) {
+    auto out = json_to_value(v);
+    if (!out) reject_field(field, "nests deeper than " + std::to_string(kJsonValueMaxDepth) + " levels");
+    return std::move(*out);
+}
+
+std::string get_string(const json& m, const char* key, const std::string& field) {
+    auto it = m.find(key);
+    if (it == m.end() || it->is_null()) return {};
+    if (!it->is_string()) reject_field(field + "." + key, std::string("must be a string, not ") + type_name(*it));
+    return it->get<std::string>();
+}
+
+// An assistant message's tool_calls: [{"id", "type": "function", "function":
+// {"name", "arguments"}}]. Arguments are JSON text (OpenAI) or an object;
+// templates get an object as a dict, other text as it is.
+std::vector<text::ChatToolCall> parse_tool_calls(const json& calls, const std::string& field) {
+    if (!calls.is_array()) reject_field(field, std::string("must be an array, not ") + type_name(calls));
+    std::vector<text::ChatToolCall> out;
+    for (size_t i = 0; i < calls.size(); ++i) {
+        const json& c = calls[i];
+        const std::string f = field + "[" + std::to_string(i) + "]";
+        if (!c.is_object()) reject_field(f, "must be an object");
+        const std::string type = get_string(c, "type", f);
+        if (!type.empty() && type != "function") reject_field(f + ".type", "must be \"function\"");
+        auto fn = c.find("function");
+        if (fn == c.end() || !fn->is_object()) reject_field(f + ".function", "must be an object");
+        text::ChatToolCall call;
+        call.id = get_string(c, "id", f);
+        call.name = get_string(*fn, "name", f + ".function");
+        if (call.name.empty()) reject_field(f + ".function.name", "must be a non-empty string");
+        auto args = fn->find("arguments");
+        if (args == fn->end() || args->is_null()) {
+            call.arguments = text::jinja::Value(text::jinja::Dict{});
+        } else if (args->is_object()) {
+            call.arguments = template_value(*args, f + ".function.arguments");
+        } else if (args->is_string()) {
+            const json parsed = json::parse(args->get<std::string>(), nullptr, false);
+            call.arguments = !parsed.is_discarded() && parsed.is_object()
+                                 ? template_value(parsed, f + ".function.arguments")
+                                 : text::jinja::Value(args->get<std::string>());
+        } else {
+            reject_field(f + ".function.arguments", std::string("must be a string, not ") + type_name(*args));
+        }
+        out.push_back(std::move(call));
+    }
+    return out;
+}
+
 void parse_messages(const json& body, ParsedRequest& r) {
     if (!present(body, "messages")) reject_field("messages", "is required");
     const json& msgs = body.at("messages");
@@ -87,16 +140,58 @@ void parse_messages(const json& body, ParsedRequest& r) {
     for (size_t i = 0; i < msgs.size(); ++i) {
         const json& m = msgs[i];
         const std::string f = "messages[" + std::to_string(i) + "]";
-        if (!m.is_object()) reject_field(f, std::string("must be an object, not ") + type_name(m));
+        if (!m.is_object()) reject_field(f, "must be an object");
         auto role = m.find("role");
         if (role == m.end() || !role->is_string()) reject_field(f + ".role", "must be a string");
         const std::string role_s = role->get<std::string>();
-        if (role_s != "system" && role_s != "user" && role_s != "assistant" && role_s != "developer")
-            reject_field(f + ".role", "must be one of system, user, assistant (got \"" + role_s + "\")");
+        if (role_s != "system" && role_s != "user" && role_s != "assistant" && role_s != "developer" &&
+            role_s != "tool")
+            reject_field(f + ".role", "must be one of system, developer, user, assistant, tool (got \"" + role_s + "\")");
+        text::ChatMessage msg;
+        msg.role = role_s == "developer" ? "system" : role_s;
         auto content = m.find("content");
-        const std::string text = content == m.end() ? std::string() : message_content(*content, f + ".content");
-        r.messages.push_back({role_s == "developer" ? "system" : role_s, text});
+        if (content != m.end()) msg.content = message_content(*content, f + ".content");
+        if (role_s == "assistant") {
+            if (present(m, "tool_calls")) msg.tool_calls = parse_tool_calls(m.at("tool_calls"), f + ".tool_calls");
+            msg.reasoning_content = get_string(m, "reasoning_content", f);
+        }
+        if (role_s == "tool") {
+            msg.tool_call_id = get_string(m, "tool_call_id", f);
+            msg.name = get_string(m, "name", f);
+        }
+        r.chat.messages.push_back(std::move(msg));
     }
+    if (present(body, "chat_template_kwargs")) {
+        const json& kw = body.at("chat_template_kwargs");
+        if (!kw.is_object()) reject_field("chat_template_kwargs", std::string("must be an object, not ") + type_name(kw));
+        r.chat.extra = template_value(kw, "chat_template_kwargs").as_dict();
+    }
+}
+
+// Fields of OpenAI's API that tern does not implement yet: a request that
+// uses one is refused naming it, never answered as if it had been ignored.
+void refuse_unsupported(const json& body) {
+    auto refuse = [](const char* field, const std::string& why) {
+        throw Reject{ApiError{400, "'" + std::string(field) + "' " + why, "invalid_request_error", field,
+                              "unsupported_parameter"}};
+    };
+    if (present(body, "tools") && !(body.at("tools").is_array() && body.at("tools").empty()))
+        refuse("tools", "is not supported yet: tern cannot parse tool calls from a reply");
+    if (present(body, "tool_choice") && body.at("tool_choice") != "none")
+        refuse("tool_choice", "is not supported yet (only \"none\")");
+    for (const char* legacy : {"functions", "function_call"})
+        if (present(body, legacy)) refuse(legacy, "is not supported (use tools)");
+    if (present(body, "response_format")) {
+        const json& rf = body.at("response_format");
+        if (!(rf.is_object() && rf.value("type", json()) == "text"))
+            refuse("response_format", "is not supported yet (only {\"type\": \"text\"})");
+    }
+    if (present(body, "grammar")) refuse("grammar", "is not supported yet");
+    if (present(body, "logprobs") && body.at("logprobs") != false)
+        refuse("logprobs", "is not supported yet");
+    if (present(body, "top_logprobs")) refuse("top_logprobs", "is not supported yet");
+    if (present(body, "logit_bias") && !(body.at("logit_bias").is_object() && body.at("logit_bias").empty()))
+        refuse("logit_bias", "is not supported yet");
 }
 
 void parse_stop(const json& body, ParsedRequest& r) {
@@ -188,6 +283,7 @@ ParsedRequest parse_body(Endpoint endpoint, const json& body, uint64_t default_s
             r.include_usage = so.at("include_usage").get<bool>();
         }
     }
+    refuse_unsupported(body);
     parse_stop(body, r);
     parse_sampling(body, r, default_seed);
     return r;

@@ -1,7 +1,8 @@
 // The OpenAI-style request bodies of /v1/chat/completions and /v1/completions,
 // checked and turned into what the scheduler needs. Every rejection is an
 // ApiError with the HTTP status and the field it concerns, so clients see
-// which field was wrong. Unknown fields are ignored, as OpenAI's API does.
+// which field was wrong. Unknown fields are ignored, as OpenAI's API does;
+// fields of OpenAI's API that tern does not implement are refused by name.
 #pragma once
 
 #include <cstdint>
@@ -11,7 +12,7 @@
 #include <vector>
 
 #include "runtime/sampler.h"
-#include "text/chat_template.h"
+#include "text/chat_format.h"
 
 namespace tern::server {
 
@@ -31,7 +32,7 @@ enum class Endpoint { Chat, Completion };
 struct ParsedRequest {
     Endpoint endpoint = Endpoint::Chat;
     std::string model;                       // echoed back
-    std::vector<text::ChatMessage> messages; // Chat
+    text::ChatRequest chat;                  // Chat: the messages and template variables
     std::string prompt;                      // Completion
     std::optional<int> max_tokens;           // unset: the server's default
     runtime::SamplerParams sampling;

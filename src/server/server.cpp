@@ -215,7 +215,7 @@ void Server::handle_generate(bool chat, const http::Request& req, std::shared_pt
 
     runtime::GenerationRequest g;
     if (chat) {
-        auto tokens = prompts_.chat(pr.messages);
+        auto tokens = prompts_.chat(pr.chat);
         if (!tokens.ok()) return fail(ApiError{400, tokens.error().message, "invalid_request_error", "messages", "invalid_value"});
         g.prompt = std::move(*tokens);
     } else {

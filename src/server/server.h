@@ -22,7 +22,7 @@
 #include "runtime/engine.h"
 #include "runtime/scheduler.h"
 #include "server/http.h"
-#include "text/chat_template.h"
+#include "text/chat_format.h"
 
 
 namespace tern::server {
@@ -42,7 +42,7 @@ struct ServerOptions {
 // How prompts become tokens for this model (the chat template lives with
 // the caller, which knows the model's format).
 struct PromptBuilder {
-    std::function<Result<std::vector<int32_t>>(const std::vector<text::ChatMessage>&)> chat;
+    std::function<Result<std::vector<int32_t>>(const text::ChatRequest&)> chat;
     std::function<std::vector<int32_t>(std::string_view)> completion;
     std::vector<std::string> chat_stops;  // the template's end-of-turn strings
 };

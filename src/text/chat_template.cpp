@@ -314,6 +314,10 @@ std::optional<Error> check_messages(ChatFamily f, const std::vector<ChatMessage>
     for (size_t i = 0; i < messages.size(); ++i) {
         const std::string& role = messages[i].role;
         const std::string at = "chat: messages[" + std::to_string(i) + "]";
+        if (role == "tool" || !messages[i].tool_calls.empty())
+            return Error{at + " is a tool " + std::string(role == "tool" ? "result" : "call") + ", which the " +
+                         std::string(family_title(f)) +
+                         " format has no way to show (tools take the model's own chat template)"};
         if (role != "system" && role != "user" && role != "assistant")
             return Error{at + ".role '" + printable(role) + "' is not system, user or assistant"};
         if (role == "system" && i > 0 && system_only_first(f))

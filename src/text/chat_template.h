@@ -9,15 +9,33 @@
 
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "base/result.h"
+#include "text/jinja_value.h"
 
 namespace tern::text {
 
+// An assistant's call of a tool (OpenAI's tool_calls[i]).
+struct ChatToolCall {
+    std::string id;
+    std::string name;
+    // The arguments as templates expect them: a dict when the call's JSON
+    // text is an object (the usual case), else that text as a string.
+    jinja::Value arguments;
+};
+
 struct ChatMessage {
-    std::string role;  // "system", "user" or "assistant"
+    ChatMessage() = default;
+    ChatMessage(std::string role_, std::string content_) : role(std::move(role_)), content(std::move(content_)) {}
+
+    std::string role;  // "system", "user", "assistant" or (templates only) "tool"
     std::string content;
+    std::vector<ChatToolCall> tool_calls;  // assistant messages
+    std::string tool_call_id;              // tool messages: the call answered
+    std::string name;                      // tool messages: the function's name, when given
+    std::string reasoning_content;         // assistant messages: the thinking, when given apart
 };
 
 enum class ChatFamily {
@@ -65,7 +83,8 @@ ChatTemplate default_chat_template(ChatFamily family);
 // Renders the conversation as the family's official template would, with
 // bos_text standing for the template's bos_token (the vocabulary's BOS
 // text, e.g. "<s>", "<|begin_of_text|>", "<bos>"). Errors name the message:
-// a role other than system/user/assistant, or (Llama2, Mistral, MistralV1,
+// a role other than system/user/assistant, tool calls (the families have no
+// format for them: that takes the model's own template), or (Llama2, Mistral, MistralV1,
 // Gemma, whose formats have no system turn) a system message after the
 // first message. Where an official template would refuse a conversation
 // (roles not alternating), the rendering extends its pattern; see the doc.

@@ -193,7 +193,14 @@ bool starts_or_ends(const std::string& s, const Value& affix, bool starts, int l
     return one(affix);
 }
 
-Value bound(const char* name, Function f) { return Value::function(name, std::move(f)); }
+// A builtin function or method: keywords it does not read are an error.
+Value bound(const char* name, Function f) {
+    return Value::function(name, [name, f = std::move(f)](Args& a) {
+        Value out = f(a);
+        a.refuse_unused(name);
+        return out;
+    });
+}
 
 // Sort keys: strings folded to lower case unless case_sensitive (Jinja2's default).
 Value sort_key(const Value& v, bool case_sensitive) {
@@ -586,7 +593,8 @@ Value f_map(const Value& v, Args& a) {
     for (const Value& x : items_of(v, a.line)) {
         Args fa;
         fa.pos.assign(a.pos.begin() + 1, a.pos.end());
-        fa.kw = a.kw;
+        fa.kw = a.kw;  // the named filter checks them
+        a.mark_all_used();
         out.push_back(a.renderer->apply_filter(name, x, fa, a.line));
     }
     return Value(std::move(out));
@@ -608,6 +616,8 @@ Value select_impl(const Value& v, Args& a, bool attr_form, bool keep_if) {
         } else {
             Args ta;
             ta.pos.assign(a.pos.begin() + long(i0) + 1, a.pos.end());
+            ta.kw = a.kw;  // the named test checks them
+            a.mark_all_used();
             pass = a.renderer->apply_test(name, subject, ta, a.line);
         }
         if (pass == keep_if) out.push_back(x);
@@ -777,6 +787,7 @@ Dict dict_of_args(Args& a, const char* what) {
         for (const auto& [k, x] : v.as_dict().items) d.set(k, x);
     }
     for (const auto& [k, v] : a.kw) d.set(k, v);
+    a.mark_all_used();
     return d;
 }
 
@@ -812,22 +823,26 @@ bool has_test(const std::string& name) { return tests().count(name) > 0; }
 Value filter(const std::string& name, const Value& base, Args& args) {
     const auto it = filters().find(name);
     if (it == filters().end()) fail(args.line, "no filter named '" + name + "'");
-    return it->second(base, args);
+    Value out = it->second(base, args);
+    args.refuse_unused("filter '" + name + "'");
+    return out;
 }
 
 bool test(const std::string& name, const Value& v, Args& args) {
     const auto it = tests().find(name);
     if (it == tests().end()) fail(args.line, "no test named '" + name + "'");
-    return it->second(v, args);
+    const bool out = it->second(v, args);
+    args.refuse_unused("test '" + name + "'");
+    return out;
 }
 
 std::unordered_map<std::string, Value> globals() {
     return {
-        {"range", Value::function("range", g_range)},
-        {"namespace", Value::function("namespace", g_namespace)},
-        {"dict", Value::function("dict", g_dict)},
-        {"raise_exception", Value::function("raise_exception", g_raise_exception)},
-        {"strftime_now", Value::function("strftime_now", g_strftime_now)},
+        {"range", bound("range", g_range)},
+        {"namespace", bound("namespace", g_namespace)},
+        {"dict", bound("dict", g_dict)},
+        {"raise_exception", bound("raise_exception", g_raise_exception)},
+        {"strftime_now", bound("strftime_now", g_strftime_now)},
     };
 }
 

@@ -13,9 +13,19 @@ namespace tern::text::jinja {
 
 const Value* Args::find(size_t i, std::string_view name) const {
     if (i < pos.size()) return &pos[i];
-    for (const auto& [k, v] : kw)
-        if (k == name) return &v;
+    for (size_t j = 0; j < kw.size(); ++j)
+        if (kw[j].first == name) {
+            if (kw_used.size() < kw.size()) kw_used.resize(kw.size(), false);
+            kw_used[j] = true;
+            return &kw[j].second;
+        }
     return nullptr;
+}
+
+void Args::refuse_unused(std::string_view what) const {
+    for (size_t j = 0; j < kw.size(); ++j)
+        if (j >= kw_used.size() || !kw_used[j])
+            detail::fail(line, std::string(what) + ": unexpected keyword argument '" + kw[j].first + "'");
 }
 
 Value Args::get(size_t i, std::string_view name, const Value& def) const {

@@ -33,6 +33,15 @@ struct Args {
     Value get(size_t i, std::string_view name, const Value& def) const;
     // find's value; fails when neither was given.
     Value need(size_t i, std::string_view name, std::string_view what) const;
+    // Python refuses a keyword argument a function does not take: find
+    // records the keywords a builtin read, and refuse_unused fails naming
+    // one it did not (`what` names the builtin). mark_all_used: the builtin
+    // took them all (dict(), or handed them on).
+    void mark_all_used() const { kw_used.assign(kw.size(), true); }
+    void refuse_unused(std::string_view what) const;
+
+private:
+    mutable std::vector<bool> kw_used;
 };
 
 }  // namespace tern::text::jinja

@@ -258,6 +258,41 @@ def test_bad_requests(server):
     assert status == 200 and body["usage"]["completion_tokens"] <= 2
 
 
+def test_fields_tern_does_not_implement_are_refused_by_name(server):
+    chat = "/v1/chat/completions"
+    hi = [{"role": "user", "content": "hi"}]
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    for field, value in [("tools", [tool]), ("tool_choice", "required"), ("functions", [tool["function"]]),
+                         ("response_format", {"type": "json_object"}), ("grammar", "root ::= \"a\""),
+                         ("logprobs", True), ("top_logprobs", 2), ("logit_bias", {"42": 5})]:
+        assert_error(server.request("POST", chat, {"messages": hi, field: value}), 400, param=field,
+                     says="not supported")
+    # Their neutral values are what OpenAI does by default, so they are accepted.
+    status, body = server.request("POST", chat, {"messages": hi, "max_tokens": 2, "temperature": 0, "tools": [],
+                                                 "tool_choice": "none", "response_format": {"type": "text"},
+                                                 "logprobs": False})
+    assert status == 200, body
+
+
+def test_tool_turns_and_template_kwargs_go_through_the_template(server):
+    chat = "/v1/chat/completions"
+    history = [{"role": "user", "content": "What time is it?"},
+               {"role": "assistant", "content": None,
+                "tool_calls": [{"id": "call_1", "type": "function",
+                                "function": {"name": "now", "arguments": "{\"tz\": \"UTC\"}"}}]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "09:30"}]
+    status, body = server.request("POST", chat, {"messages": history, "max_tokens": 4, "temperature": 0,
+                                                 "chat_template_kwargs": {"enable_thinking": False}})
+    assert status == 200, body
+    assert body["usage"]["prompt_tokens"] > 10
+    bad = history[:1] + [{"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": ""}}]}]
+    assert_error(server.request("POST", chat, {"messages": bad}), 400, param="messages[1].tool_calls[0].function.name")
+    assert_error(server.request("POST", chat, {"messages": history[:1], "chat_template_kwargs": {"messages": []}}),
+                 400, param="messages", says="'messages'")
+    assert_error(server.request("POST", chat, {"messages": history[:1], "chat_template_kwargs": [1]}), 400,
+                 param="chat_template_kwargs")
+
+
 def test_oversize_body_and_long_prompt(server):
     big = json.dumps({"prompt": "x" * 70000}).encode()
     status, body = server.request("POST", "/v1/completions", raw=big)

@@ -1,6 +1,8 @@
 // text/chat_template: every family against strings written out from its
 // official template, detection on real template texts, the SmolLM2 default
-// system prompt, validation, and the BOS/stop-string contracts.
+// system prompt, validation, and the BOS/stop-string contracts. And
+// text/chat_format: the model's own template rendered, the family format
+// only as the fallback.
 //
 // The expected strings were written by hand from each official template and
 // then checked by rendering those templates with the jinja2 package the way
@@ -12,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "text/chat_format.h"
 #include "text/chat_template.h"
 
 namespace {
@@ -320,16 +323,31 @@ const ChatFamily kAll[] = {ChatFamily::ChatML,    ChatFamily::Llama2, ChatFamily
 
 TEST(ChatTemplate, RejectsUnknownRolesByName) {
     for (ChatFamily f : kAll) {
-        const std::vector<ChatMessage> m = {{"user", "a"}, {"tool", "b"}};
+        const std::vector<ChatMessage> m = {{"user", "a"}, {"wizard", "b"}};
         tern::Result<std::string> r = render_chat(f, m, true, "");
         ASSERT_FALSE(r.ok()) << chat_family_name(f);
         EXPECT_NE(r.error().message.find("messages[1]"), std::string::npos) << r.error().message;
-        EXPECT_NE(r.error().message.find("'tool'"), std::string::npos) << r.error().message;
+        EXPECT_NE(r.error().message.find("'wizard'"), std::string::npos) << r.error().message;
     }
     // Roles are case-sensitive; odd bytes are escaped in the message.
     tern::Result<std::string> r = render_chat(ChatFamily::ChatML, {{"User\n\x01", "a"}}, true, "");
     ASSERT_FALSE(r.ok());
     EXPECT_NE(r.error().message.find("'User\\x0a\\x01'"), std::string::npos) << r.error().message;
+}
+
+// The families have no tool format: tool results and calls are refused, not
+// rendered as if they were ordinary turns.
+TEST(ChatTemplate, ToolTurnsNeedTheModelsOwnTemplate) {
+    for (ChatFamily f : kAll) {
+        tern::Result<std::string> r = render_chat(f, {{"user", "a"}, {"tool", "42"}}, true, "");
+        ASSERT_FALSE(r.ok()) << chat_family_name(f);
+        EXPECT_NE(r.error().message.find("messages[1] is a tool result"), std::string::npos) << r.error().message;
+        std::vector<ChatMessage> m = {{"user", "a"}, {"assistant", ""}};
+        m[1].tool_calls.push_back({"call_1", "get_time", tern::text::jinja::Value(tern::text::jinja::Dict{})});
+        r = render_chat(f, m, true, "");
+        ASSERT_FALSE(r.ok()) << chat_family_name(f);
+        EXPECT_NE(r.error().message.find("messages[1] is a tool call"), std::string::npos) << r.error().message;
+    }
 }
 
 TEST(ChatTemplate, SystemAfterTheFirstMessageOnlyWhereTheFormatHasASystemTurn) {
@@ -435,6 +453,121 @@ TEST(ChatTemplate, FamilyNamesAreDistinct) {
         EXPECT_EQ(std::find(names.begin(), names.end(), n), names.end()) << n;
         names.push_back(n);
     }
+}
+
+// ---- ChatFormat: the model's own template first ----------------------------------
+
+ChatRequest request_of(std::vector<ChatMessage> messages, bool gen = true) {
+    ChatRequest r;
+    r.messages = std::move(messages);
+    r.add_generation_prompt = gen;
+    return r;
+}
+
+TEST(ChatFormat, RendersTheModelsTemplateAsItsFamilyDoes) {
+    // SmolLM2's own template, rendered by the interpreter, agrees with the
+    // ChatML family renderer written from it: with and without a system
+    // message, with and without the generation prompt.
+    const ChatFormat f = ChatFormat::make(kSmolLM2Template, "<|im_start|>", "<|im_end|>");
+    EXPECT_TRUE(f.uses_template());
+    EXPECT_TRUE(f.warning().empty()) << f.warning();
+    EXPECT_EQ(f.family(), ChatFamily::ChatML);
+    const ChatTemplate t = inspect_chat_template(kSmolLM2Template);
+    for (const auto* m : {&kConversation, &kNoSystem})
+        for (bool gen : {true, false})
+            EXPECT_EQ(f.render(request_of(*m, gen)).value(), render_chat(t, *m, gen, "").value());
+    EXPECT_EQ(f.stop_strings(), chat_stop_strings(ChatFamily::ChatML));
+}
+
+TEST(ChatFormat, TemplatesSeeToolsToolCallsAndExtraVariables) {
+    const char* source =
+        "{%- if tools %}tools:{% for t in tools %} {{ t.function.name }}{% endfor %}|{% endif -%}"
+        "{%- for m in messages -%}"
+        "[{{ m.role }}]{{ m.content }}"
+        "{%- if m.tool_calls is defined %}{% for c in m.tool_calls %} call {{ c.id }} {{ c.type }} "
+        "{{ c.function.name }}({{ c.function.arguments | tojson }}){% endfor %}{% endif -%}"
+        "{%- if m.tool_call_id is defined %} for {{ m.tool_call_id }}{% endif -%}"
+        "{%- if m.reasoning_content is defined %} thought {{ m.reasoning_content }}{% endif %}|"
+        "{%- endfor -%}"
+        "{%- if enable_thinking is defined %}thinking {{ enable_thinking }}{% endif -%}"
+        "{%- if add_generation_prompt %}[assistant]{% endif %}";
+    const ChatFormat f = ChatFormat::make(source, "<s>", "</s>");
+    ASSERT_TRUE(f.uses_template());
+    EXPECT_TRUE(f.stop_strings().empty());  // a template tern does not recognize: EOS ends a turn
+
+    ChatRequest r;
+    r.messages = {{"user", "What time is it in Paris?"}, {"assistant", ""}, {"tool", "09:30"}};
+    tern::text::jinja::Dict args;
+    args.set("city", tern::text::jinja::Value("Paris"));
+    r.messages[1].tool_calls.push_back({"call_7", "get_time", tern::text::jinja::Value(std::move(args))});
+    r.messages[1].reasoning_content = "Use the tool.";
+    r.messages[2].tool_call_id = "call_7";
+    tern::text::jinja::Dict fn, tool;
+    fn.set("name", tern::text::jinja::Value("get_time"));
+    tool.set("type", tern::text::jinja::Value("function"));
+    tool.set("function", tern::text::jinja::Value(std::move(fn)));
+    r.tools = tern::text::jinja::Value(tern::text::jinja::List{tern::text::jinja::Value(std::move(tool))});
+    r.extra.set("enable_thinking", tern::text::jinja::Value(false));
+    EXPECT_EQ(f.render(r).value(),
+              "tools: get_time|[user]What time is it in Paris?|[assistant] call call_7 function "
+              "get_time({\"city\": \"Paris\"}) thought Use the tool.|[tool]09:30 for call_7|thinking "
+              "False[assistant]");
+
+    // Variables the conversation sets cannot be replaced by extra ones.
+    r.extra.set("messages", tern::text::jinja::Value(tern::text::jinja::List{}));
+    tern::Result<std::string> bad = f.render(r);
+    ASSERT_FALSE(bad.ok());
+    EXPECT_NE(bad.error().message.find("'messages'"), std::string::npos) << bad.error().message;
+}
+
+TEST(ChatFormat, TemplateErrorsAreErrorsNotFallbacks) {
+    // A template that parses but raises renders nothing: the caller gets the
+    // template's own message.
+    const ChatFormat f = ChatFormat::make(
+        "{% if messages[0].role != 'user' %}{{ raise_exception('Conversations must start with the user') }}"
+        "{% endif %}{{ messages[0].content }}",
+        "", "");
+    EXPECT_EQ(f.render(request_of({{"user", "hi"}})).value(), "hi");
+    tern::Result<std::string> r = f.render(request_of({{"assistant", "hi"}}));
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.error().message.find("Conversations must start with the user"), std::string::npos)
+        << r.error().message;
+}
+
+TEST(ChatFormat, FallsBackToTheFamilyOnlyWithoutAUsableTemplate) {
+    const ChatFormat none = ChatFormat::make("", "<s>", "</s>");
+    EXPECT_FALSE(none.uses_template());
+    EXPECT_NE(none.warning().find("no chat template"), std::string::npos) << none.warning();
+    EXPECT_EQ(none.render(request_of(kConversation)).value(), render(ChatFamily::ChatML, kConversation, true, "<s>"));
+
+    // A Llama 3 template with a syntax error: the Llama 3 format it resembles,
+    // with a warning naming the error.
+    const ChatFormat broken = ChatFormat::make(
+        "{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n{{ m.content }}<|eot_id|>"
+        "{% endfor %}{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>{% endfi %}",
+        "<|begin_of_text|>", "<|eot_id|>");
+    EXPECT_FALSE(broken.uses_template());
+    EXPECT_EQ(broken.family(), ChatFamily::Llama3);
+    EXPECT_NE(broken.warning().find("does not parse"), std::string::npos) << broken.warning();
+    EXPECT_NE(broken.warning().find("endfi"), std::string::npos) << broken.warning();
+    EXPECT_EQ(broken.render(request_of(kConversation)).value(),
+              render(ChatFamily::Llama3, kConversation, true, "<|begin_of_text|>"));
+}
+
+TEST(ChatFormat, BosIsAddedOnlyWhenTheRenderedTextLacksIt) {
+    const ChatFormat with = ChatFormat::make("{{ bos_token }}{{ messages[0].content }}", "<bos>", "<eos>");
+    const std::string text = with.render(request_of({{"user", "hi"}})).value();
+    EXPECT_EQ(text, "<bos>hi");
+    EXPECT_TRUE(with.includes_bos(text));
+    const ChatFormat without = ChatFormat::make("{{ messages[0].content }}", "<bos>", "<eos>");
+    EXPECT_FALSE(without.includes_bos(without.render(request_of({{"user", "hi"}})).value()));
+    EXPECT_FALSE(ChatFormat::make("{{ messages[0].content }}", "", "").includes_bos("hi"));
+}
+
+TEST(ChatFormat, StrftimeNowReadsTheFixedClock) {
+    ChatFormat f = ChatFormat::make("{{ strftime_now('%d %b %Y') }}", "", "");
+    f.set_now(tern::text::jinja::parse_iso_time("2026-12-02T10:00:00"));
+    EXPECT_EQ(f.render(request_of({{"user", "x"}})).value(), "02 Dec 2026");
 }
 
 }  // namespace

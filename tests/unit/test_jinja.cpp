@@ -88,6 +88,22 @@ TEST(Jinja, RaiseExceptionCarriesTheTemplatesMessage) {
     EXPECT_EQ(render("{{ raise_exception('roles must alternate') }}"), "RENDER ERROR: roles must alternate");
 }
 
+// Python refuses a keyword a function does not take; a template relying on
+// one must not render as if it had not been written.
+TEST(Jinja, UnknownKeywordArgumentsAreErrors) {
+    EXPECT_EQ(render("{{ 'a b'|replace('a', 'c', count=1) }}|{{ [3, 1]|sort(reverse=true)|join(',') }}"), "c b|3,1");
+    EXPECT_EQ(render("{{ [{'a': 1}]|map(attribute='a')|list }}|{{ [1, 2]|select('equalto', 2)|list }}"), "[1]|[2]");
+    EXPECT_EQ(render("{{ dict(a=1, b=2)|tojson }}|{% set ns = namespace(x=3) %}{{ ns.x }}"), "{\"a\": 1, \"b\": 2}|3");
+    for (const char* bad : {"{{ [3, 1]|sort(revers=true) }}", "{{ 'x'|tojson(indnt=2) }}",
+                            "{{ [1]|map('string', nope=1)|list }}", "{{ 'x'.strip(chrs='x') }}",
+                            "{{ range(3, step=1) }}", "{{ 1 is divisibleby(2, n=2) }}",
+                            "{{ [1]|select('equalto', 1, wrong=2)|list }}"}) {
+        const std::string out = render(bad);
+        EXPECT_NE(out.find("RENDER ERROR"), std::string::npos) << bad << " -> " << out;
+        EXPECT_NE(out.find("unexpected keyword argument"), std::string::npos) << bad << " -> " << out;
+    }
+}
+
 TEST(Jinja, ImmutableValuesAndUndefinedAttributes) {
     EXPECT_NE(render("{% set l = [1] %}{{ l.append(2) }}").find("unsafe"), std::string::npos);
     EXPECT_NE(render("{{ nothing.attr }}").find("undefined"), std::string::npos);
