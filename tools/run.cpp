@@ -1,7 +1,8 @@
 // `tern run -m MODEL -p PROMPT`: one completion, streamed to stdout as it is
 // generated, then the prompt and generation speeds on stderr. With --chat the
 // prompt goes through the model's chat template first and the template's
-// end-of-turn strings stop the answer.
+// end-of-turn strings stop the answer; with --grammar every token keeps the
+// output inside a GBNF grammar.
 #include <cstdio>
 #include <fstream>
 #include <iterator>
@@ -12,7 +13,11 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "runtime/json_schema.h"
 #include "runtime/session.h"
+#include "server/json_value.h"
 #include "tools/commands.h"
 #include "tools/common_options.h"
 #include "tools/fail.h"
@@ -34,14 +39,17 @@ struct RunOptions {
     bool ignore_eos = false;
     bool truncate = false;
     bool no_special = false;
+    std::optional<std::string> grammar;
+    std::optional<std::string> grammar_file;
+    std::optional<std::string> json_schema;
 };
 
-std::string read_prompt_file(const std::string& path) {
+std::string read_text_file(const std::string& path, const char* what) {
     std::ifstream in(path, std::ios::binary);
-    if (!in) fail(kCmd, "cannot open prompt file " + path);
+    if (!in) fail(kCmd, std::string("cannot open ") + what + " " + path);
     std::ostringstream ss;
     ss << in.rdbuf();
-    if (in.bad()) fail(kCmd, "cannot read prompt file " + path);
+    if (in.bad()) fail(kCmd, std::string("cannot read ") + what + " " + path);
     return ss.str();
 }
 
@@ -52,7 +60,29 @@ void run_run(const RunOptions& o, const CLI::App& cmd) {
     if (o.n_predict < -1) fail(kCmd, "-n must be -1 (until the context is full) or more (got " + std::to_string(o.n_predict) + ")");
     if (o.system && !o.chat) fail(kCmd, "--system needs --chat");
     const runtime::SamplerParams sampling = finish_sampling(kCmd, o.sampling);
-    const std::string prompt = o.prompt ? *o.prompt : read_prompt_file(*o.prompt_file);
+    const std::string prompt = o.prompt ? *o.prompt : read_text_file(*o.prompt_file, "prompt file");
+
+    if (int(bool(o.grammar)) + int(bool(o.grammar_file)) + int(bool(o.json_schema)) > 1)
+        fail(kCmd, "give one of --grammar, --grammar-file and --json-schema");
+    std::string gbnf;
+    if (o.grammar) gbnf = *o.grammar;
+    if (o.grammar_file) gbnf = read_text_file(*o.grammar_file, "grammar file");
+    if (o.json_schema) {
+        const std::string text = read_text_file(*o.json_schema, "JSON schema");
+        const nlohmann::ordered_json doc = nlohmann::ordered_json::parse(text, nullptr, false);
+        if (doc.is_discarded()) fail(kCmd, *o.json_schema + " is not valid JSON");
+        auto schema = server::json_to_value(doc);
+        if (!schema) fail(kCmd, *o.json_schema + " nests too deeply");
+        auto compiled = runtime::json_schema_to_gbnf(*schema);
+        if (!compiled.ok()) fail(kCmd, *o.json_schema + ": " + compiled.error().message);
+        gbnf = std::move(*compiled);
+    }
+    std::shared_ptr<const runtime::Grammar> grammar;
+    if (o.grammar || o.grammar_file || o.json_schema) {
+        auto g = runtime::Grammar::parse(gbnf);
+        if (!g.ok()) fail(kCmd, g.error().message);
+        grammar = std::move(*g);
+    }
 
     const std::string path = resolve_model_path(kCmd, o.model.model);
     std::unique_ptr<runtime::Engine> engine = open_engine(kCmd, path, o.model, o.model.ctx);
@@ -68,6 +98,7 @@ void run_run(const RunOptions& o, const CLI::App& cmd) {
     gen.stop = o.stop;
     gen.ignore_eos = o.ignore_eos;
     gen.truncate_prompt = o.truncate;
+    gen.grammar = grammar;
 
     std::vector<int32_t> tokens;
     if (o.chat) {
@@ -101,6 +132,10 @@ void run_run(const RunOptions& o, const CLI::App& cmd) {
     std::fflush(stdout);
     print_timings(result->n_prompt, result->prompt_ms, result->n_generated, result->generate_ms);
     if (o.model.verbose) std::fprintf(stderr, "finish reason: %s\n", runtime::finish_reason_name(result->finish));
+    if (o.model.verbose && grammar)
+        std::fprintf(stderr, "grammar: %d of %d tokens drawn again from the masked vocabulary; %.3f ms a token\n",
+                     result->n_grammar_masks, result->n_generated,
+                     result->n_generated ? result->grammar_ms / result->n_generated : 0.0);
 }
 
 }  // namespace
@@ -124,6 +159,14 @@ void add_run_command(CLI::App& app) {
     cmd->add_flag("--no-special", o->no_special,
                   "Tokenize text like <|im_start|> in the prompt as plain text (default: as the control token; "
                   "--chat message contents are always plain)");
+    cmd->add_option("--grammar", o->grammar,
+                    "Constrain the output to this GBNF grammar (llama.cpp's format; the text of the grammar)")
+        ->type_name("GBNF");
+    cmd->add_option("--grammar-file", o->grammar_file, "Constrain the output to the GBNF grammar in this file")
+        ->type_name("FILE");
+    cmd->add_option("--json-schema", o->json_schema,
+                    "Constrain the output to JSON valid under the JSON Schema in this file (docs/structured-output.md)")
+        ->type_name("FILE");
     cmd->callback([o, cmd] { run_run(*o, *cmd); });
 }
 

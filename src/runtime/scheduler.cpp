@@ -140,6 +140,10 @@ void Scheduler::finish(Slot& slot, bool ok, const std::string& error) {
     // matcher still hold.
     const std::string tail = seq->stream.drain();
     if (!tail.empty() && seq->req.callbacks.on_text) seq->req.callbacks.on_text(tail);
+    if (!r.error.empty()) {  // the grammar could not go on: the text so far went out, the answer is incomplete
+        if (seq->req.callbacks.on_error) seq->req.callbacks.on_error(r.error);
+        return;
+    }
     if (seq->req.callbacks.on_done) seq->req.callbacks.on_done(r);
 }
 

@@ -100,6 +100,7 @@ Result<GenerateResult> Session::generate(const std::vector<int32_t>& prompt_in, 
     }
     emit(stream.drain());
     GenerateResult r = std::move(stream.result());
+    if (!r.error.empty()) return Error{r.error + " (after " + std::to_string(r.n_generated) + " tokens: \"" + r.text + "\")"};
     r.n_prompt_total = n_prompt_total;
     r.n_prompt = n_prompt;
     r.prompt_ms = prompt_ms;

@@ -13,6 +13,7 @@
 
 #include "base/result.h"
 #include "runtime/engine.h"
+#include "runtime/grammar.h"
 #include "runtime/sampler.h"
 
 namespace tern::runtime {
@@ -23,6 +24,11 @@ struct GenerateOptions {
     std::vector<std::string> stop;  // stop strings; not included in the output
     bool ignore_eos = false;        // keep going past end-of-generation tokens
     bool truncate_prompt = false;   // drop the oldest prompt tokens instead of failing when it does not fit
+    // Set: every token must keep the text inside this grammar (ending when it
+    // is complete and cannot go on). grammar_vocab: the tokenizer's, built
+    // once by a caller that generates often; null: built for this generation.
+    std::shared_ptr<const Grammar> grammar;
+    std::shared_ptr<const GrammarVocab> grammar_vocab;
 };
 
 enum class FinishReason { Stop, Length, Cancelled };
@@ -36,6 +42,13 @@ struct GenerateResult {
     int n_prompt_total = 0;         // prompt tokens in all
     int n_generated = 0;
     double prompt_ms = 0, generate_ms = 0;
+    // Under a grammar: tokens whose first draw the grammar refused, so the
+    // vocabulary was masked and the draw made again (the costly path).
+    int n_grammar_masks = 0;
+    double grammar_ms = 0;  // host time in the grammar (checks, masks, advances)
+    // Why generation could not go on, when it is an error (no token of the
+    // vocabulary continues the grammar): the text so far is kept.
+    std::string error;
     double prompt_tps() const { return prompt_ms > 0 ? n_prompt * 1000.0 / prompt_ms : 0; }
     double generate_tps() const { return generate_ms > 0 ? n_generated * 1000.0 / generate_ms : 0; }
 };

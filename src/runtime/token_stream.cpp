@@ -1,5 +1,8 @@
 #include "runtime/token_stream.h"
 
+#include <chrono>
+#include <cmath>
+
 namespace tern::runtime {
 
 TokenStream::TokenStream(const text::Tokenizer& tok, int n_vocab, int n_ctx, const GenerateOptions& options,
@@ -13,6 +16,15 @@ TokenStream::TokenStream(const text::Tokenizer& tok, int n_vocab, int n_ctx, con
     for (int32_t t : prompt) sampler_.accept(t);
     result_.finish = FinishReason::Length;
     if (limit_ <= 0) done_ = true;
+    if (options.grammar) {
+        grammar_.emplace(options.grammar);
+        grammar_vocab_ = options.grammar_vocab ? options.grammar_vocab : GrammarVocab::make(tok);
+    }
+}
+
+bool TokenStream::grammar_fits(int32_t t) const {
+    if (tok_.is_eog(t)) return !ignore_eos_ && grammar_->can_end();
+    return t >= 0 && t < grammar_vocab_->n_vocab() && grammar_->allows(grammar_vocab_->bytes(t));
 }
 
 void TokenStream::end(FinishReason why) {
@@ -22,17 +34,48 @@ void TokenStream::end(FinishReason why) {
 
 std::string TokenStream::advance(const float* logits, bool context_full) {
     if (done_) return {};
-    const int32_t t = sampler_.sample(logits);
+    int32_t t = sampler_.sample(logits);
+    const auto t_grammar = std::chrono::steady_clock::now();
+    auto grammar_time = [&] {
+        result_.grammar_ms +=
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_grammar).count();
+    };
+    if (grammar_ && !grammar_fits(t)) {
+        ++result_.n_grammar_masks;
+        masked_.assign(logits, logits + sampler_.n_vocab());
+        grammar_->mask(masked_, *grammar_vocab_);
+        if (ignore_eos_)
+            for (size_t id = 0; id < masked_.size(); ++id)
+                if (tok_.is_eog(int32_t(id))) masked_[id] = -INFINITY;
+        t = sampler_.sample(masked_.data());
+        if (!grammar_fits(t)) {  // every logit masked: nothing in the vocabulary continues the text
+            result_.error = grammar_->error().empty()
+                                ? "grammar: no token of the vocabulary can continue the text here"
+                                : grammar_->error();
+            end(FinishReason::Stop);
+            grammar_time();
+            return {};
+        }
+    }
     sampler_.accept(t);
     if (!ignore_eos_ && tok_.is_eog(t)) {
         end(FinishReason::Stop);
         return {};
     }
+    if (grammar_) {
+        const bool took = grammar_->accept(grammar_vocab_->bytes(t));
+        grammar_time();
+        if (!took) {
+            result_.error = grammar_->error().empty() ? "grammar: the matcher refused a token it allowed" : grammar_->error();
+            end(FinishReason::Stop);
+            return {};
+        }
+    }
     result_.tokens.push_back(t);
     ++result_.n_generated;
     std::string piece = stops_.push(detok_.push(t));
     result_.text += piece;
-    if (stops_.stopped())
+    if (stops_.stopped() || (grammar_ && !grammar_->can_continue()))
         end(FinishReason::Stop);
     else if (result_.n_generated >= limit_ || context_full)
         end(FinishReason::Length);

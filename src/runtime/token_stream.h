@@ -1,10 +1,15 @@
 // The per-token half of generation, shared by Session (one sequence) and the
 // Scheduler (many): sample the next token from a logits row, end at
-// end-of-generation tokens, stop strings or the token limit, and turn tokens
-// into text that is final (whole UTF-8 characters, no part of a stop string).
+// end-of-generation tokens, stop strings, the token limit or a complete
+// grammar, and turn tokens into text that is final (whole UTF-8 characters,
+// no part of a stop string). Under a grammar the token is drawn as usual and
+// kept when the grammar allows it; otherwise the draw is made again from the
+// logits with every token the grammar refuses masked (llama.cpp's order:
+// the mask costs a walk of the vocabulary only when the first draw misses).
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,8 +47,14 @@ public:
 private:
     void end(FinishReason why);
 
+    // Under a grammar: whether t may come next, and t's bytes taken.
+    bool grammar_fits(int32_t t) const;
+
     const text::Tokenizer& tok_;
     bool ignore_eos_;
+    std::optional<GrammarMatcher> grammar_;
+    std::shared_ptr<const GrammarVocab> grammar_vocab_;
+    std::vector<float> masked_;  // the logits with the grammar's mask
     int limit_;
     Sampler sampler_;
     text::Detokenizer detok_;

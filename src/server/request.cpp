@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/json_schema.h"
 #include "server/json_value.h"
 
 namespace tern::server {
@@ -168,6 +169,48 @@ void parse_messages(const json& body, ParsedRequest& r) {
     }
 }
 
+// response_format (OpenAI) and grammar (llama-server): the GBNF grammar the
+// answer must follow, compiled from a JSON Schema where one is given.
+// Whatever cannot be honoured is refused naming it.
+void parse_structured_output(const json& body, ParsedRequest& r) {
+    std::string gbnf;
+    const char* field = nullptr;
+    if (present(body, "response_format")) {
+        const json& rf = body.at("response_format");
+        if (!rf.is_object()) reject_field("response_format", std::string("must be an object, not ") + type_name(rf));
+        const std::string type = get_string(rf, "type", "response_format");
+        if (type == "json_object") {
+            gbnf = runtime::json_object_gbnf();
+            field = "response_format";
+        } else if (type == "json_schema") {
+            auto js = rf.find("json_schema");
+            if (js == rf.end() || !js->is_object()) reject_field("response_format.json_schema", "must be an object");
+            auto schema = js->find("schema");
+            if (schema == js->end() || schema->is_null())
+                reject_field("response_format.json_schema.schema", "is required");
+            auto compiled = runtime::json_schema_to_gbnf(template_value(*schema, "response_format.json_schema.schema"));
+            if (!compiled.ok())
+                throw Reject{ApiError{400, compiled.error().message, "invalid_request_error",
+                                      "response_format.json_schema.schema", "unsupported_schema"}};
+            gbnf = std::move(*compiled);
+            field = "response_format.json_schema.schema";
+        } else if (type != "text") {
+            reject_field("response_format.type", "must be \"text\", \"json_object\" or \"json_schema\"");
+        }
+    }
+    if (present(body, "grammar")) {
+        if (field) reject_field("grammar", "cannot be combined with a JSON response_format");
+        const json& g = body.at("grammar");
+        if (!g.is_string()) reject_field("grammar", std::string("must be a string (GBNF), not ") + type_name(g));
+        gbnf = g.get<std::string>();
+        field = "grammar";
+    }
+    if (!field) return;
+    auto grammar = runtime::Grammar::parse(gbnf);
+    if (!grammar.ok()) throw Reject{ApiError{400, grammar.error().message, "invalid_request_error", field, "invalid_grammar"}};
+    r.grammar = std::move(*grammar);
+}
+
 // Fields of OpenAI's API that tern does not implement yet: a request that
 // uses one is refused naming it, never answered as if it had been ignored.
 void refuse_unsupported(const json& body) {
@@ -181,12 +224,6 @@ void refuse_unsupported(const json& body) {
         refuse("tool_choice", "is not supported yet (only \"none\")");
     for (const char* legacy : {"functions", "function_call"})
         if (present(body, legacy)) refuse(legacy, "is not supported (use tools)");
-    if (present(body, "response_format")) {
-        const json& rf = body.at("response_format");
-        if (!(rf.is_object() && rf.value("type", json()) == "text"))
-            refuse("response_format", "is not supported yet (only {\"type\": \"text\"})");
-    }
-    if (present(body, "grammar")) refuse("grammar", "is not supported yet");
     if (present(body, "logprobs") && body.at("logprobs") != false)
         refuse("logprobs", "is not supported yet");
     if (present(body, "top_logprobs")) refuse("top_logprobs", "is not supported yet");
@@ -284,6 +321,7 @@ ParsedRequest parse_body(Endpoint endpoint, const json& body, uint64_t default_s
         }
     }
     refuse_unsupported(body);
+    parse_structured_output(body, r);
     parse_stop(body, r);
     parse_sampling(body, r, default_seed);
     return r;

@@ -6,11 +6,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "runtime/grammar.h"
 #include "runtime/sampler.h"
 #include "text/chat_format.h"
 
@@ -39,6 +41,7 @@ struct ParsedRequest {
     std::vector<std::string> stop;
     bool stream = false;
     bool include_usage = false;              // stream_options.include_usage
+    std::shared_ptr<const runtime::Grammar> grammar;  // response_format / grammar; null: free text
 };
 
 // Parses and checks a body. Sampling defaults follow OpenAI (temperature 1,

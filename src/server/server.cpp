@@ -107,6 +107,12 @@ void Server::stop() {
     while (run_started_.load() && !run_ended_.load()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
 }
 
+std::shared_ptr<const runtime::GrammarVocab> Server::grammar_vocab() {
+    std::lock_guard<std::mutex> lock(grammar_mu_);
+    if (!grammar_vocab_) grammar_vocab_ = runtime::GrammarVocab::make(engine_->tokenizer());
+    return grammar_vocab_;
+}
+
 void Server::count(const std::string& endpoint, int status) {
     std::lock_guard<std::mutex> lock(metrics_mu_);
     ++requests_[{endpoint, status}];
@@ -230,6 +236,10 @@ void Server::handle_generate(bool chat, const http::Request& req, std::shared_pt
                              "invalid_request_error", chat ? "messages" : "prompt", "context_length_exceeded"});
     g.options.sampling = pr.sampling;
     g.options.stop = pr.stop;
+    if (pr.grammar) {
+        g.options.grammar = pr.grammar;
+        g.options.grammar_vocab = grammar_vocab();
+    }
     if (chat)
         for (const std::string& s : prompts_.chat_stops) g.options.stop.push_back(s);
     // Capped by the room the context leaves after the prompt.

@@ -72,6 +72,8 @@ private:
     void answer(const http::Request& req, http::Reply& reply, http::Response res);
     void count(const std::string& endpoint, int status);
     std::string metrics_text();
+    // The vocabulary as grammars see it, built by the first request with one.
+    std::shared_ptr<const runtime::GrammarVocab> grammar_vocab();
 
     ServerOptions options_;
     std::atomic<bool> ready_{false};
@@ -82,6 +84,8 @@ private:
     PromptBuilder prompts_;
     std::string model_name_;
     std::atomic<uint64_t> next_id_{1};
+    std::mutex grammar_mu_;
+    std::shared_ptr<const runtime::GrammarVocab> grammar_vocab_;
     std::mutex metrics_mu_;
     std::map<std::pair<std::string, int>, uint64_t> requests_;  // (endpoint, status) -> count
     // Last: destroyed first, so no I/O thread outlives the members above.

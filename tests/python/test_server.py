@@ -263,7 +263,6 @@ def test_fields_tern_does_not_implement_are_refused_by_name(server):
     hi = [{"role": "user", "content": "hi"}]
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
     for field, value in [("tools", [tool]), ("tool_choice", "required"), ("functions", [tool["function"]]),
-                         ("response_format", {"type": "json_object"}), ("grammar", "root ::= \"a\""),
                          ("logprobs", True), ("top_logprobs", 2), ("logit_bias", {"42": 5})]:
         assert_error(server.request("POST", chat, {"messages": hi, field: value}), 400, param=field,
                      says="not supported")
@@ -272,6 +271,57 @@ def test_fields_tern_does_not_implement_are_refused_by_name(server):
                                                  "tool_choice": "none", "response_format": {"type": "text"},
                                                  "logprobs": False})
     assert status == 200, body
+
+
+PET = {"type": "object", "additionalProperties": False, "required": ["name", "legs", "kind"],
+       "properties": {"name": {"type": "string", "maxLength": 20}, "legs": {"type": "integer"},
+                      "kind": {"enum": ["cat", "dog", "bird"]},
+                      "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 2}}}
+
+
+def test_openai_structured_output_always_validates(server):
+    import jsonschema
+    client = openai_client(server)
+    messages = [{"role": "user", "content": "Describe a pet as JSON. " + random_text(2)}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "pet", "schema": PET, "strict": True}}
+    for temp in (0, 0.9, 0.9):
+        seed = RNG.randrange(1 << 31)
+        r = client.chat.completions.create(model="m", messages=messages, max_tokens=200, temperature=temp, seed=seed,
+                                           response_format=fmt)
+        text = r.choices[0].message.content
+        assert r.choices[0].finish_reason == "stop", text  # bounded strings: the grammar ends the answer
+        jsonschema.validate(json.loads(text), PET)
+        streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+            model="m", messages=messages, max_tokens=200, temperature=temp, seed=seed, response_format=fmt,
+            stream=True) if c.choices)
+        assert streamed == text
+        r = client.chat.completions.create(model="m", messages=messages, max_tokens=300, temperature=temp, seed=seed,
+                                           response_format={"type": "json_object"})
+        if r.choices[0].finish_reason == "stop":
+            assert isinstance(json.loads(r.choices[0].message.content), dict)
+        else:  # cut by max_tokens inside an unbounded object: a prefix of one
+            assert r.choices[0].message.content.lstrip().startswith("{")
+    # llama-server's grammar field.
+    status, body = server.request("POST", "/v1/chat/completions", {
+        "messages": messages, "max_tokens": 20, "grammar": 'root ::= ("yes" | "no") "."'})
+    assert status == 200 and body["choices"][0]["message"]["content"] in ("yes.", "no."), body
+
+
+def test_structured_output_requests_it_cannot_honour_are_refused(server):
+    chat = "/v1/chat/completions"
+    hi = [{"role": "user", "content": "hi"}]
+    def fmt(schema):
+        return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    assert_error(server.request("POST", chat, {"messages": hi, "response_format": fmt({"type": "string", "pattern": "a+"})}),
+                 400, param="response_format.json_schema.schema", says="'pattern' is not supported")
+    assert_error(server.request("POST", chat, {"messages": hi, "response_format": {"type": "xml"}}), 400,
+                 param="response_format.type")
+    assert_error(server.request("POST", chat, {"messages": hi, "response_format": {"type": "json_schema"}}), 400,
+                 param="response_format.json_schema")
+    assert_error(server.request("POST", chat, {"messages": hi, "grammar": "root ::= missing"}), 400, param="grammar",
+                 says="'missing' is used but not defined")
+    assert_error(server.request("POST", chat, {"messages": hi, "grammar": "root ::= \"a\"",
+                                               "response_format": {"type": "json_object"}}), 400, param="grammar")
 
 
 def test_tool_turns_and_template_kwargs_go_through_the_template(server):
