@@ -16,6 +16,7 @@
 
 #include "runtime/scheduler.h"
 #include "server/server.h"
+#include "text/reasoning.h"
 #include "tools/commands.h"
 #include "tools/common_options.h"
 #include "tools/fail.h"
@@ -112,10 +113,10 @@ void run_serve(const ServeOptions& o, const CLI::App& cmd) {
     const text::ChatFormat format = chat_format_of(kCmd, *engine);
     server::PromptBuilder prompts;
     const text::Tokenizer tok = engine->tokenizer();
-    prompts.chat = [tok, format](const text::ChatRequest& chat) -> Result<std::vector<int32_t>> {
+    prompts.chat = [tok, format](const text::ChatRequest& chat) -> Result<server::PromptBuilder::Chat> {
         auto p = tokenize_chat(tok, format, chat);
         if (!p.ok()) return p.error();
-        return std::move(p->tokens);
+        return server::PromptBuilder::Chat{std::move(p->tokens), text::prompt_opens_reasoning(p->text)};
     };
     // Completion prompts are plain text: text spelling a control token stays text.
     prompts.completion = [tok](std::string_view prompt) { return tokenize_prompt(tok, prompt, false); };

@@ -322,6 +322,14 @@ ParsedRequest parse_body(Endpoint endpoint, const json& body, uint64_t default_s
     }
     refuse_unsupported(body);
     parse_structured_output(body, r);
+    if (present(body, "reasoning_format")) {
+        // llama-server's values: "none" keeps the thinking inline in content;
+        // "auto" and "deepseek" return it as reasoning_content.
+        const json& v = body.at("reasoning_format");
+        if (!v.is_string() || (v != "none" && v != "auto" && v != "deepseek"))
+            reject_field("reasoning_format", "must be \"auto\", \"deepseek\" or \"none\"");
+        r.split_reasoning = v != "none";
+    }
     parse_stop(body, r);
     parse_sampling(body, r, default_seed);
     return r;

@@ -42,6 +42,7 @@ struct ParsedRequest {
     bool stream = false;
     bool include_usage = false;              // stream_options.include_usage
     std::shared_ptr<const runtime::Grammar> grammar;  // response_format / grammar; null: free text
+    bool split_reasoning = true;             // chat: <think> sections as reasoning_content (reasoning_format)
 };
 
 // Parses and checks a body. Sampling defaults follow OpenAI (temperature 1,

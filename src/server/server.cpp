@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "server/request.h"
+#include "text/reasoning.h"
 
 namespace tern::server {
 namespace {
@@ -220,10 +221,13 @@ void Server::handle_generate(bool chat, const http::Request& req, std::shared_pt
     const ParsedRequest& pr = *parsed.request;
 
     runtime::GenerationRequest g;
+    // Chat replies' <think> sections go to reasoning_content, split as the text streams.
+    std::shared_ptr<text::ReasoningSplitter> splitter;
     if (chat) {
-        auto tokens = prompts_.chat(pr.chat);
-        if (!tokens.ok()) return fail(ApiError{400, tokens.error().message, "invalid_request_error", "messages", "invalid_value"});
-        g.prompt = std::move(*tokens);
+        auto built = prompts_.chat(pr.chat);
+        if (!built.ok()) return fail(ApiError{400, built.error().message, "invalid_request_error", "messages", "invalid_value"});
+        g.prompt = std::move(built->tokens);
+        if (pr.split_reasoning) splitter = std::make_shared<text::ReasoningSplitter>(built->opens_reasoning);
     } else {
         g.prompt = prompts_.completion(pr.prompt);
     }
@@ -259,14 +263,24 @@ void Server::handle_generate(bool chat, const http::Request& req, std::shared_pt
     std::string first_event;  // a chat stream opens with the assistant's role
     if (!pr.stream) {
         // Answered from the scheduler thread when the text is complete.
-        auto text = std::make_shared<std::string>();
-        g.callbacks.on_text = [text](std::string_view piece) { *text += piece; };
+        auto parts = std::make_shared<text::ReasoningSplitter::Pieces>();
+        auto take = [parts](const text::ReasoningSplitter::Pieces& p) {
+            parts->reasoning += p.reasoning;
+            parts->content += p.content;
+        };
+        g.callbacks.on_text = [=](std::string_view piece) {
+            if (splitter) take(splitter->push(piece));
+            else parts->content += piece;
+        };
         g.callbacks.on_done = [=, this](const runtime::GenerateResult& r) {
+            if (splitter) take(splitter->finish());
             json choice = {{"index", 0}, {"finish_reason", finish_name(r.finish)}};
-            if (chat)
-                choice["message"] = {{"role", "assistant"}, {"content", r.text}};
-            else
-                choice["text"] = r.text, choice["logprobs"] = nullptr;
+            if (chat) {
+                choice["message"] = {{"role", "assistant"}, {"content", parts->content}};
+                if (!parts->reasoning.empty()) choice["message"]["reasoning_content"] = parts->reasoning;
+            } else {
+                choice["text"] = parts->content, choice["logprobs"] = nullptr;
+            }
             json body = {{"id", id},         {"object", object},
                          {"created", created}, {"model", model},
                          {"choices", json::array({choice})}, {"usage", usage_json(r)},
@@ -295,11 +309,25 @@ void Server::handle_generate(bool chat, const http::Request& req, std::shared_pt
         };
         stream = std::make_shared<SseStream>(reply, cancelled);
         if (chat) first_event = chunk(json{{"role", "assistant"}, {"content", ""}}, nullptr);
+        // The deltas of one piece: its reasoning, then its answer, each only when present.
+        auto deltas = [=](const text::ReasoningSplitter::Pieces& p) {
+            std::string out;
+            if (!p.reasoning.empty()) out += chunk(json{{"reasoning_content", p.reasoning}}, nullptr);
+            if (!p.content.empty()) out += chunk(json{{"content", p.content}}, nullptr);
+            return out;
+        };
         g.callbacks.on_text = [=](std::string_view piece) {
-            stream->push(chunk(chat ? json{{"content", std::string(piece)}} : json(std::string(piece)), nullptr), false);
+            if (!chat) {
+                stream->push(chunk(json(std::string(piece)), nullptr), false);
+            } else if (!splitter) {
+                stream->push(chunk(json{{"content", std::string(piece)}}, nullptr), false);
+            } else if (const std::string out = deltas(splitter->push(piece)); !out.empty()) {
+                stream->push(out, false);
+            }
         };
         g.callbacks.on_done = [=, this](const runtime::GenerateResult& result) {
-            std::string out = chunk(chat ? json::object() : json(""), finish_name(result.finish));
+            std::string out = splitter ? deltas(splitter->finish()) : std::string();
+            out += chunk(chat ? json::object() : json(""), finish_name(result.finish));
             if (include_usage) {
                 json u = {{"id", id}, {"object", chunk_object}, {"created", created}, {"model", model},
                           {"choices", json::array()}, {"usage", usage_json(result)},

@@ -42,7 +42,11 @@ struct ServerOptions {
 // How prompts become tokens for this model (the chat template lives with
 // the caller, which knows the model's format).
 struct PromptBuilder {
-    std::function<Result<std::vector<int32_t>>(const text::ChatRequest&)> chat;
+    struct Chat {
+        std::vector<int32_t> tokens;
+        bool opens_reasoning = false;  // the prompt ends inside a <think> section (text/reasoning.h)
+    };
+    std::function<Result<Chat>(const text::ChatRequest&)> chat;
     std::function<std::vector<int32_t>(std::string_view)> completion;
     std::vector<std::string> chat_stops;  // the template's end-of-turn strings
 };

@@ -307,6 +307,37 @@ def test_openai_structured_output_always_validates(server):
     assert status == 200 and body["choices"][0]["message"]["content"] in ("yes.", "no."), body
 
 
+def test_reasoning_comes_apart_from_the_answer(server):
+    # The default model does not think; a grammar makes it write a <think>
+    # section, so the split is tested on real generated text.
+    think = 'root ::= "<think>" [a-z ]{3,30} "</think>" [a-z ]{3,30}'
+    chat = "/v1/chat/completions"
+    messages = [{"role": "user", "content": "Think, then answer: what is red? " + random_text(2)}]
+    base = {"messages": messages, "max_tokens": 80, "temperature": 0.8, "seed": RNG.randrange(1 << 31),
+            "grammar": think}
+    status, raw = server.request("POST", chat, {**base, "reasoning_format": "none"})
+    assert status == 200, raw
+    whole = raw["choices"][0]["message"]["content"]
+    m = re.fullmatch(r"<think>([a-z ]*)</think>([a-z ]*)", whole)
+    assert m, whole
+    assert "reasoning_content" not in raw["choices"][0]["message"]
+    status, body = server.request("POST", chat, base)
+    assert status == 200, body
+    message = body["choices"][0]["message"]
+    assert message.get("reasoning_content", "") == m.group(1).strip(" ")
+    assert message["content"] == m.group(2).lstrip(" ")
+    client = openai_client(server)
+    reasoning, content = "", ""
+    for c in client.chat.completions.create(model="m", stream=True, extra_body={"grammar": think, "seed": base["seed"]},
+                                            messages=messages, max_tokens=80, temperature=0.8):
+        if c.choices:
+            reasoning += (c.choices[0].delta.model_extra or {}).get("reasoning_content") or ""
+            content += c.choices[0].delta.content or ""
+    assert (reasoning, content) == (message.get("reasoning_content", ""), message["content"])
+    assert_error(server.request("POST", chat, {"messages": messages, "reasoning_format": "hidden"}), 400,
+                 param="reasoning_format")
+
+
 def test_structured_output_requests_it_cannot_honour_are_refused(server):
     chat = "/v1/chat/completions"
     hi = [{"role": "user", "content": "hi"}]
