@@ -121,6 +121,7 @@ void run_serve(const ServeOptions& o, const CLI::App& cmd) {
     // Completion prompts are plain text: text spelling a control token stays text.
     prompts.completion = [tok](std::string_view prompt) { return tokenize_prompt(tok, prompt, false); };
     prompts.chat_stops = format.stop_strings();
+    prompts.tool_format = format.uses_template() ? server::tool_format_of(engine->chat_template()) : server::ToolFormat::Generic;
 
     runtime::SchedulerOptions so;
     so.max_queue = o.max_queue;

@@ -742,7 +742,11 @@ void GrammarMatcher::mask(std::span<float> logits, const GrammarVocab& vocab) co
             const GrammarVocab::Node& nd = vocab.nodes()[node];
             if (node != 0) allow(nd.from, nd.from + nd.n_exact);  // the root is the empty prefix
             if (nd.n_children == 0) continue;
-            if (node != 0 && nd.to - nd.from >= kLoopCheckFrom) {
+            // The shortcut needs the state to lead back to itself; one byte
+            // below (the first child's, a transition the walk needs anyway)
+            // tells most states that do not (a counted repetition's) at once.
+            if (node != 0 && nd.to - nd.from >= kLoopCheckFrom &&
+                transition(w, state, vocab.nodes()[nd.first_child].byte) == int64_t(state)) {
                 const Walk::Loop& loop = loop_of(w, state);
                 const uint64_t* below = vocab.bytes_below(node);
                 const bool high = loop.any_non_ascii && vocab.utf8_below(node);

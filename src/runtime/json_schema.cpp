@@ -62,17 +62,18 @@ std::string literal(std::string_view s) {
 
 class Compiler {
 public:
-    explicit Compiler(const Value& root) : root_(root) {}
+    Compiler(const Value& root, std::string prefix) : root_(root), prefix_(std::move(prefix)) {}
 
-    Result<std::string> run() {
+    // The rule `name` and the rules it uses (their names start with prefix),
+    // without the basic rules.
+    Result<std::string> run(const std::string& name) {
         std::string body;
         if (!compile(root_, "$", body)) return Error{"json schema: " + error_};
-        std::string out = "root ::= " + body + "\n";
-        for (const auto& [name, rule] : rules_) out += name + " ::= " + rule + "\n";
-        out += kBasics;
-        if (formats_) out += kFormats;
+        std::string out = name + " ::= " + body + "\n";
+        for (const auto& [rule_name, rule] : rules_) out += rule_name + " ::= " + rule + "\n";
         return out;
     }
+    bool uses_formats() const { return formats_; }
 
 private:
     bool fail(const std::string& path, const std::string& what) {
@@ -91,7 +92,7 @@ private:
         for (const char c : hint) base += (std::isalnum(uint8_t(c)) ? c : '-');
         if (base.empty() || !std::isalpha(uint8_t(base[0]))) base = "s-" + base;
         if (base.size() > 40) base.resize(40);
-        return base + "-" + std::to_string(++counter_);
+        return prefix_ + base + "-" + std::to_string(++counter_);
     }
 
     static const Value* field(const Dict& d, const char* key) {
@@ -434,6 +435,7 @@ private:
     }
 
     const Value& root_;
+    std::string prefix_;
     std::map<std::string, std::string> rules_;
     std::map<std::string, std::string> refs_;
     std::string error_;
@@ -443,7 +445,18 @@ private:
 
 }  // namespace
 
-Result<std::string> json_schema_to_gbnf(const text::jinja::Value& schema) { return Compiler(schema).run(); }
+Result<std::string> json_schema_rules(const text::jinja::Value& schema, const std::string& name) {
+    return Compiler(schema, name + "-").run(name);
+}
+
+std::string json_schema_basics() { return std::string(kBasics) + kFormats; }
+
+Result<std::string> json_schema_to_gbnf(const text::jinja::Value& schema) {
+    Compiler c(schema, "");
+    auto rules = c.run("root");
+    if (!rules.ok()) return rules;
+    return *rules + kBasics + (c.uses_formats() ? kFormats : "");
+}
 
 std::string json_object_gbnf() { return std::string("root ::= object\n") + kBasics; }
 

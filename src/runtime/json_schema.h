@@ -31,4 +31,10 @@ Result<std::string> json_schema_to_gbnf(const text::jinja::Value& schema);
 // Any JSON object (response_format {"type": "json_object"}).
 std::string json_object_gbnf();
 
+// For grammars that hold several schemas (one per tool): the rule `name`
+// for the schema and its helper rules (named name-...), and once per
+// grammar the basic rules they all use (value, string, ws, ...).
+Result<std::string> json_schema_rules(const text::jinja::Value& schema, const std::string& name);
+std::string json_schema_basics();
+
 }  // namespace tern::runtime

@@ -1,5 +1,6 @@
 #include "server/request.h"
 
+#include <cctype>
 #include <cmath>
 #include <limits>
 
@@ -211,6 +212,70 @@ void parse_structured_output(const json& body, ParsedRequest& r) {
     r.grammar = std::move(*grammar);
 }
 
+// tools, tool_choice, parallel_tool_calls (chat only).
+void parse_tools(const json& body, ParsedRequest& r) {
+    ToolRequest& t = r.tools;
+    if (present(body, "tools")) {
+        if (r.endpoint != Endpoint::Chat) reject_field("tools", "is for /v1/chat/completions");
+        const json& tools = body.at("tools");
+        if (!tools.is_array()) reject_field("tools", std::string("must be an array, not ") + type_name(tools));
+        if (tools.size() > 128) reject_field("tools", "may hold at most 128 tools");
+        for (size_t i = 0; i < tools.size(); ++i) {
+            const std::string f = "tools[" + std::to_string(i) + "]";
+            const json& x = tools[i];
+            if (!x.is_object()) reject_field(f, "must be an object");
+            if (get_string(x, "type", f) != "function") reject_field(f + ".type", "must be \"function\"");
+            auto fn = x.find("function");
+            if (fn == x.end() || !fn->is_object()) reject_field(f + ".function", "must be an object");
+            Tool tool;
+            tool.name = get_string(*fn, "name", f + ".function");
+            bool name_ok = !tool.name.empty() && tool.name.size() <= 64;
+            for (const char c : tool.name) name_ok = name_ok && (std::isalnum(uint8_t(c)) || c == '_' || c == '-');
+            if (!name_ok) reject_field(f + ".function.name", "must be 1-64 letters, digits, '_' or '-'");
+            for (const Tool& other : t.tools)
+                if (other.name == tool.name) reject_field(f + ".function.name", "repeats the tool '" + tool.name + "'");
+            get_string(*fn, "description", f + ".function");
+            if (auto params = fn->find("parameters"); params != fn->end() && !params->is_null()) {
+                if (!params->is_object()) reject_field(f + ".function.parameters", "must be an object (a JSON Schema)");
+                tool.parameters = *params;
+            } else {
+                tool.parameters = json::object();
+            }
+            t.tools.push_back(std::move(tool));
+        }
+        t.tools_json = tools;
+    }
+    if (present(body, "tool_choice")) {
+        const json& c = body.at("tool_choice");
+        if (c == "none") {
+            t.choice = ToolRequest::Choice::None;
+        } else if (c == "auto") {
+            t.choice = ToolRequest::Choice::Auto;
+        } else if (c == "required") {
+            t.choice = ToolRequest::Choice::Required;
+        } else if (c.is_object()) {
+            auto fn = c.find("function");
+            if (get_string(c, "type", "tool_choice") != "function" || fn == c.end() || !fn->is_object())
+                reject_field("tool_choice", "must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+            t.choice = ToolRequest::Choice::Named;
+            t.named = get_string(*fn, "name", "tool_choice.function");
+            bool known = false;
+            for (const Tool& tool : t.tools) known = known || tool.name == t.named;
+            if (!known) reject_field("tool_choice.function.name", "names no tool of the request ('" + t.named + "')");
+        } else {
+            reject_field("tool_choice", "must be \"none\", \"auto\", \"required\" or a named function");
+        }
+        if (t.tools.empty() && (t.choice == ToolRequest::Choice::Required || t.choice == ToolRequest::Choice::Named))
+            reject_field("tool_choice", "needs tools");
+    }
+    if (present(body, "parallel_tool_calls")) {
+        if (!body.at("parallel_tool_calls").is_boolean()) reject_field("parallel_tool_calls", "must be a boolean");
+        t.parallel = body.at("parallel_tool_calls").get<bool>();
+    }
+    if (t.active() && r.grammar)
+        reject_field("tools", "cannot be combined with response_format or grammar (both would hold the reply)");
+}
+
 // Fields of OpenAI's API that tern does not implement yet: a request that
 // uses one is refused naming it, never answered as if it had been ignored.
 void refuse_unsupported(const json& body) {
@@ -218,10 +283,6 @@ void refuse_unsupported(const json& body) {
         throw Reject{ApiError{400, "'" + std::string(field) + "' " + why, "invalid_request_error", field,
                               "unsupported_parameter"}};
     };
-    if (present(body, "tools") && !(body.at("tools").is_array() && body.at("tools").empty()))
-        refuse("tools", "is not supported yet: tern cannot parse tool calls from a reply");
-    if (present(body, "tool_choice") && body.at("tool_choice") != "none")
-        refuse("tool_choice", "is not supported yet (only \"none\")");
     for (const char* legacy : {"functions", "function_call"})
         if (present(body, legacy)) refuse(legacy, "is not supported (use tools)");
     if (present(body, "logprobs") && body.at("logprobs") != false)
@@ -322,6 +383,7 @@ ParsedRequest parse_body(Endpoint endpoint, const json& body, uint64_t default_s
     }
     refuse_unsupported(body);
     parse_structured_output(body, r);
+    parse_tools(body, r);
     if (present(body, "reasoning_format")) {
         // llama-server's values: "none" keeps the thinking inline in content;
         // "auto" and "deepseek" return it as reasoning_content.

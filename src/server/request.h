@@ -14,6 +14,7 @@
 
 #include "runtime/grammar.h"
 #include "runtime/sampler.h"
+#include "server/tool_calls.h"
 #include "text/chat_format.h"
 
 namespace tern::server {
@@ -43,6 +44,7 @@ struct ParsedRequest {
     bool include_usage = false;              // stream_options.include_usage
     std::shared_ptr<const runtime::Grammar> grammar;  // response_format / grammar; null: free text
     bool split_reasoning = true;             // chat: <think> sections as reasoning_content (reasoning_format)
+    ToolRequest tools;                       // chat: tools, tool_choice, parallel_tool_calls
 };
 
 // Parses and checks a body. Sampling defaults follow OpenAI (temperature 1,

@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "server/json_value.h"
 #include "server/request.h"
 #include "text/reasoning.h"
 
@@ -26,6 +27,16 @@ http::Response json_response(int status, std::string body) {
 }
 
 http::Response error_response(const ApiError& e) { return json_response(e.status, error_body(e)); }
+
+// OpenAI's tool_calls array: ids unique within the server's run.
+json tool_calls_json(const ToolReply& tr, const std::string& response_id) {
+    json calls = json::array();
+    for (size_t i = 0; i < tr.calls.size(); ++i)
+        calls.push_back({{"id", "call_" + response_id.substr(response_id.find('-') + 1) + "_" + std::to_string(i)},
+                         {"type", "function"},
+                         {"function", {{"name", tr.calls[i].name}, {"arguments", tr.calls[i].arguments}}}});
+    return calls;
+}
 
 const char* finish_name(runtime::FinishReason f) {
     return f == runtime::FinishReason::Length ? "length" : "stop";
@@ -218,9 +229,35 @@ void Server::handle_generate(bool chat, const http::Request& req, std::shared_pt
     static thread_local std::mt19937_64 seed_gen{std::random_device{}()};
     ParseOutcome parsed = parse_request(chat ? Endpoint::Chat : Endpoint::Completion, req.body, seed_gen());
     if (!parsed.request) return fail(parsed.error);
-    const ParsedRequest& pr = *parsed.request;
+    ParsedRequest& pr = *parsed.request;
 
     runtime::GenerationRequest g;
+    // Tools: the model's own format when its template has one, else the
+    // generic one; a grammar where the reply must be a call (tool_calls.h).
+    const bool tools = chat && pr.tools.active();
+    const ToolFormat tool_format = prompts_.tool_format;
+    std::shared_ptr<const runtime::Grammar> tool_grammar_;
+    if (tools) {
+        if (tool_format == ToolFormat::Generic) {
+            const std::string prompt = generic_tool_prompt(pr.tools);
+            auto& msgs = pr.chat.messages;
+            if (!msgs.empty() && msgs.front().role == "system")
+                msgs.front().content += "\n\n" + prompt;
+            else
+                msgs.insert(msgs.begin(), text::ChatMessage("system", prompt));
+        } else if (auto v = json_to_value(pr.tools.tools_json)) {
+            pr.chat.tools = std::move(*v);
+        }
+        auto gbnf = tool_grammar(tool_format, pr.tools);
+        if (!gbnf.ok()) return fail(ApiError{400, gbnf.error().message, "invalid_request_error", "tools", "unsupported_schema"});
+        if (!gbnf->empty()) {
+            auto parsed_grammar = runtime::Grammar::parse(*gbnf);
+            if (!parsed_grammar.ok())
+                return fail(ApiError{400, parsed_grammar.error().message, "invalid_request_error", "tools", "invalid_value"});
+            tool_grammar_ = std::move(*parsed_grammar);
+        }
+    }
+    const ToolRequest tool_request = pr.tools;
     // Chat replies' <think> sections go to reasoning_content, split as the text streams.
     std::shared_ptr<text::ReasoningSplitter> splitter;
     if (chat) {
@@ -240,8 +277,8 @@ void Server::handle_generate(bool chat, const http::Request& req, std::shared_pt
                              "invalid_request_error", chat ? "messages" : "prompt", "context_length_exceeded"});
     g.options.sampling = pr.sampling;
     g.options.stop = pr.stop;
-    if (pr.grammar) {
-        g.options.grammar = pr.grammar;
+    if (pr.grammar || tool_grammar_) {
+        g.options.grammar = pr.grammar ? pr.grammar : tool_grammar_;
         g.options.grammar_vocab = grammar_vocab();
     }
     if (chat)
@@ -278,6 +315,16 @@ void Server::handle_generate(bool chat, const http::Request& req, std::shared_pt
             if (chat) {
                 choice["message"] = {{"role", "assistant"}, {"content", parts->content}};
                 if (!parts->reasoning.empty()) choice["message"]["reasoning_content"] = parts->reasoning;
+                if (tools) {
+                    // The content is what is not a call (for the generic format, the answer inside its JSON).
+                    const ToolReply tr = parse_tool_reply(tool_format, parts->content, tool_request);
+                    choice["message"]["content"] = tr.content;
+                    if (!tr.calls.empty()) {
+                        if (tr.content.empty()) choice["message"]["content"] = nullptr;
+                        choice["message"]["tool_calls"] = tool_calls_json(tr, id);
+                        choice["finish_reason"] = "tool_calls";
+                    }
+                }
             } else {
                 choice["text"] = parts->content, choice["logprobs"] = nullptr;
             }
@@ -316,9 +363,14 @@ void Server::handle_generate(bool chat, const http::Request& req, std::shared_pt
             if (!p.content.empty()) out += chunk(json{{"content", p.content}}, nullptr);
             return out;
         };
+        auto held = std::make_shared<text::ReasoningSplitter::Pieces>();  // tools: the reply, parsed at its end
         g.callbacks.on_text = [=](std::string_view piece) {
             if (!chat) {
                 stream->push(chunk(json(std::string(piece)), nullptr), false);
+            } else if (tools) {
+                const auto p = splitter ? splitter->push(piece) : text::ReasoningSplitter::Pieces{"", std::string(piece)};
+                if (!p.reasoning.empty()) stream->push(chunk(json{{"reasoning_content", p.reasoning}}, nullptr), false);
+                held->content += p.content;
             } else if (!splitter) {
                 stream->push(chunk(json{{"content", std::string(piece)}}, nullptr), false);
             } else if (const std::string out = deltas(splitter->push(piece)); !out.empty()) {
@@ -326,8 +378,26 @@ void Server::handle_generate(bool chat, const http::Request& req, std::shared_pt
             }
         };
         g.callbacks.on_done = [=, this](const runtime::GenerateResult& result) {
-            std::string out = splitter ? deltas(splitter->finish()) : std::string();
-            out += chunk(chat ? json::object() : json(""), finish_name(result.finish));
+            std::string out;
+            std::string finish = finish_name(result.finish);
+            if (tools) {
+                // The whole reply is known now: its content, then one delta per call.
+                text::ReasoningSplitter::Pieces rest = splitter ? splitter->finish() : text::ReasoningSplitter::Pieces{};
+                if (!rest.reasoning.empty()) out += chunk(json{{"reasoning_content", rest.reasoning}}, nullptr);
+                held->content += rest.content;
+                const ToolReply tr = parse_tool_reply(tool_format, held->content, tool_request);
+                if (!tr.content.empty()) out += chunk(json{{"content", tr.content}}, nullptr);
+                const json calls = tool_calls_json(tr, id);
+                for (size_t i = 0; i < calls.size(); ++i) {
+                    json delta = calls[i];
+                    delta["index"] = i;
+                    out += chunk(json{{"tool_calls", json::array({delta})}}, nullptr);
+                }
+                if (!tr.calls.empty()) finish = "tool_calls";
+            } else if (splitter) {
+                out = deltas(splitter->finish());
+            }
+            out += chunk(chat ? json::object() : json(""), finish);
             if (include_usage) {
                 json u = {{"id", id}, {"object", chunk_object}, {"created", created}, {"model", model},
                           {"choices", json::array()}, {"usage", usage_json(result)},

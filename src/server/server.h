@@ -22,6 +22,7 @@
 #include "runtime/engine.h"
 #include "runtime/scheduler.h"
 #include "server/http.h"
+#include "server/tool_calls.h"
 #include "text/chat_format.h"
 
 
@@ -49,6 +50,7 @@ struct PromptBuilder {
     std::function<Result<Chat>(const text::ChatRequest&)> chat;
     std::function<std::vector<int32_t>(std::string_view)> completion;
     std::vector<std::string> chat_stops;  // the template's end-of-turn strings
+    ToolFormat tool_format = ToolFormat::Generic;  // how the model writes tool calls (tool_calls.h)
 };
 
 class Server {

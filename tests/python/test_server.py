@@ -262,7 +262,7 @@ def test_fields_tern_does_not_implement_are_refused_by_name(server):
     chat = "/v1/chat/completions"
     hi = [{"role": "user", "content": "hi"}]
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
-    for field, value in [("tools", [tool]), ("tool_choice", "required"), ("functions", [tool["function"]]),
+    for field, value in [("functions", [tool["function"]]), ("function_call", "auto"),
                          ("logprobs", True), ("top_logprobs", 2), ("logit_bias", {"42": 5})]:
         assert_error(server.request("POST", chat, {"messages": hi, field: value}), 400, param=field,
                      says="not supported")
@@ -305,6 +305,86 @@ def test_openai_structured_output_always_validates(server):
     status, body = server.request("POST", "/v1/chat/completions", {
         "messages": messages, "max_tokens": 20, "grammar": 'root ::= ("yes" | "no") "."'})
     assert status == 200 and body["choices"][0]["message"]["content"] in ("yes.", "no."), body
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "additionalProperties": False, "required": ["city"],
+                   "properties": {"city": {"type": "string", "maxLength": 30}, "unit": {"enum": ["c", "f"]}}}}}
+CLOCK = {"type": "function", "function": {
+    "name": "get_time", "description": "The time in a time zone",
+    "parameters": {"type": "object", "additionalProperties": False, "required": ["zone"],
+                   "properties": {"zone": {"type": "string", "maxLength": 20}}}}}
+
+
+def test_openai_tool_calls_always_well_formed(server):
+    import jsonschema
+    client = openai_client(server)
+    messages = [{"role": "user", "content": "What is the weather in Paris? " + random_text(2)}]
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, CLOCK)}
+    for choice, temp in (("required", 0), ("required", 0.9), ({"type": "function", "function": {"name": "get_time"}}, 0.9)):
+        seed = RNG.randrange(1 << 31)
+        r = client.chat.completions.create(model="m", messages=messages, tools=[WEATHER, CLOCK], tool_choice=choice,
+                                           max_tokens=200, temperature=temp, seed=seed)
+        c = r.choices[0]
+        assert c.finish_reason == "tool_calls", c
+        assert c.message.tool_calls, c
+        for call in c.message.tool_calls:
+            assert call.type == "function" and call.id
+            if isinstance(choice, dict):
+                assert call.function.name == "get_time"
+            jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
+        # The stream carries the same calls as deltas.
+        names, args, finish = {}, {}, None
+        for chunk in client.chat.completions.create(model="m", messages=messages, tools=[WEATHER, CLOCK],
+                                                    tool_choice=choice, max_tokens=200, temperature=temp,
+                                                    seed=seed, stream=True):
+            if not chunk.choices:
+                continue
+            finish = chunk.choices[0].finish_reason or finish
+            for d in chunk.choices[0].delta.tool_calls or []:
+                names[d.index] = names.get(d.index, "") + (d.function.name or "")
+                args[d.index] = args.get(d.index, "") + (d.function.arguments or "")
+        assert finish == "tool_calls"
+        assert [names[i] for i in sorted(names)] == [t.function.name for t in c.message.tool_calls]
+        assert [args[i] for i in sorted(args)] == [t.function.arguments for t in c.message.tool_calls]
+    # The call and its result go back through the template, and the model answers.
+    call = c.message.tool_calls[0]
+    history = messages + [{"role": "assistant", "content": None,
+                           "tool_calls": [{"id": call.id, "type": "function",
+                                           "function": {"name": call.function.name,
+                                                        "arguments": call.function.arguments}}]},
+                          {"role": "tool", "tool_call_id": call.id, "content": "12:00"}]
+    r = client.chat.completions.create(model="m", messages=history, tools=[WEATHER, CLOCK], tool_choice="none",
+                                       max_tokens=16, temperature=0)
+    assert r.choices[0].finish_reason in ("stop", "length") and not r.choices[0].message.tool_calls
+    # auto: a call or an answer, never both half-formed.
+    r = client.chat.completions.create(model="m", messages=messages, tools=[WEATHER], tool_choice="auto",
+                                       max_tokens=80, temperature=0)
+    c = r.choices[0]
+    if c.message.tool_calls:
+        assert c.finish_reason == "tool_calls"
+        jsonschema.validate(json.loads(c.message.tool_calls[0].function.arguments), schemas["get_weather"])
+    else:
+        assert c.message.content is not None
+
+
+def test_tool_requests_it_cannot_honour_are_refused(server):
+    chat = "/v1/chat/completions"
+    hi = [{"role": "user", "content": "hi"}]
+    assert_error(server.request("POST", chat, {"messages": hi, "tools": [WEATHER],
+                                               "tool_choice": {"type": "function", "function": {"name": "nope"}}}),
+                 400, param="tool_choice.function.name")
+    assert_error(server.request("POST", chat, {"messages": hi, "tool_choice": "required"}), 400, param="tool_choice")
+    assert_error(server.request("POST", chat, {"messages": hi, "tools": [WEATHER],
+                                               "response_format": {"type": "json_object"}}), 400, param="tools")
+    assert_error(server.request("POST", chat, {"messages": hi, "tools": [{"type": "function",
+                                                                          "function": {"name": "bad name"}}]}),
+                 400, param="tools[0].function.name")
+    bad = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "x": {"type": "string", "pattern": "a+"}}}}}
+    assert_error(server.request("POST", chat, {"messages": hi, "tools": [bad], "tool_choice": "required"}), 400,
+                 param="tools", says="'pattern' is not supported")
 
 
 def test_reasoning_comes_apart_from_the_answer(server):
