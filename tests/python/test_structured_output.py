@@ -52,7 +52,7 @@ REGULAR = [
 
 @pytest.mark.parametrize("gbnf,regex", REGULAR)
 def test_output_always_matches_its_grammar(gbnf, regex):
-    for seed, temp in zip(seeds(8), [0, 0.7, 1.0, 1.5] * 2):
+    for seed, temp in zip(seeds(6), [0, 0.7, 1.0, 1.5, 0.7, 1.0]):
         r = run("--chat", "-p", "Name some animals.", "--grammar", gbnf, "-n", "64", "--temp", temp,
                 "--seed", seed)
         assert r.returncode == 0, r.stderr
@@ -81,7 +81,7 @@ def test_json_schema_output_always_validates(tmp_path):
     schema = tmp_path / "cat.json"
     schema.write_text(json.dumps(CAT))
     checker = jsonschema.Draft202012Validator(CAT, format_checker=jsonschema.FormatChecker())
-    for seed, temp in zip(seeds(10), [0, 0.9] * 5):
+    for seed, temp in zip(seeds(6), [0, 0.9] * 3):
         r = run("--chat", "-p", "Describe a cat as JSON.", "--json-schema", schema, "-n", "300", "--temp", temp,
                 "--seed", seed, "-v")
         assert r.returncode == 0, r.stderr
