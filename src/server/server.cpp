@@ -236,7 +236,7 @@ void Server::handle_generate(bool chat, const http::Request& req, std::shared_pt
     // generic one; a grammar where the reply must be a call (tool_calls.h).
     const bool tools = chat && pr.tools.active();
     const ToolFormat tool_format = prompts_.tool_format;
-    std::shared_ptr<const runtime::Grammar> tool_grammar_;
+    std::shared_ptr<const runtime::Grammar> call_grammar;
     if (tools) {
         if (tool_format == ToolFormat::Generic) {
             const std::string prompt = generic_tool_prompt(pr.tools);
@@ -254,7 +254,7 @@ void Server::handle_generate(bool chat, const http::Request& req, std::shared_pt
             auto parsed_grammar = runtime::Grammar::parse(*gbnf);
             if (!parsed_grammar.ok())
                 return fail(ApiError{400, parsed_grammar.error().message, "invalid_request_error", "tools", "invalid_value"});
-            tool_grammar_ = std::move(*parsed_grammar);
+            call_grammar = std::move(*parsed_grammar);
         }
     }
     const ToolRequest tool_request = pr.tools;
@@ -277,8 +277,8 @@ void Server::handle_generate(bool chat, const http::Request& req, std::shared_pt
                              "invalid_request_error", chat ? "messages" : "prompt", "context_length_exceeded"});
     g.options.sampling = pr.sampling;
     g.options.stop = pr.stop;
-    if (pr.grammar || tool_grammar_) {
-        g.options.grammar = pr.grammar ? pr.grammar : tool_grammar_;
+    if (pr.grammar || call_grammar) {
+        g.options.grammar = pr.grammar ? pr.grammar : call_grammar;
         g.options.grammar_vocab = grammar_vocab();
     }
     if (chat)
@@ -363,14 +363,14 @@ void Server::handle_generate(bool chat, const http::Request& req, std::shared_pt
             if (!p.content.empty()) out += chunk(json{{"content", p.content}}, nullptr);
             return out;
         };
-        auto held = std::make_shared<text::ReasoningSplitter::Pieces>();  // tools: the reply, parsed at its end
+        auto held = std::make_shared<std::string>();  // tools: the reply's content, parsed at its end
         g.callbacks.on_text = [=](std::string_view piece) {
             if (!chat) {
                 stream->push(chunk(json(std::string(piece)), nullptr), false);
             } else if (tools) {
                 const auto p = splitter ? splitter->push(piece) : text::ReasoningSplitter::Pieces{"", std::string(piece)};
                 if (!p.reasoning.empty()) stream->push(chunk(json{{"reasoning_content", p.reasoning}}, nullptr), false);
-                held->content += p.content;
+                *held += p.content;
             } else if (!splitter) {
                 stream->push(chunk(json{{"content", std::string(piece)}}, nullptr), false);
             } else if (const std::string out = deltas(splitter->push(piece)); !out.empty()) {
@@ -384,8 +384,8 @@ void Server::handle_generate(bool chat, const http::Request& req, std::shared_pt
                 // The whole reply is known now: its content, then one delta per call.
                 text::ReasoningSplitter::Pieces rest = splitter ? splitter->finish() : text::ReasoningSplitter::Pieces{};
                 if (!rest.reasoning.empty()) out += chunk(json{{"reasoning_content", rest.reasoning}}, nullptr);
-                held->content += rest.content;
-                const ToolReply tr = parse_tool_reply(tool_format, held->content, tool_request);
+                *held += rest.content;
+                const ToolReply tr = parse_tool_reply(tool_format, *held, tool_request);
                 if (!tr.content.empty()) out += chunk(json{{"content", tr.content}}, nullptr);
                 const json calls = tool_calls_json(tr, id);
                 for (size_t i = 0; i < calls.size(); ++i) {

@@ -134,18 +134,19 @@ ToolReply parse_tool_reply(ToolFormat f, std::string_view text, const ToolReques
     ToolReply out;
     switch (f) {
         case ToolFormat::Hermes: {
+            constexpr std::string_view kOpen = "<tool_call>", kClose = "</tool_call>";
             std::string content;
             size_t at = 0;
             for (;;) {
-                const size_t open = text.find("<tool_call>", at);
-                const size_t close = open == std::string_view::npos ? open : text.find("</tool_call>", open);
+                const size_t open = text.find(kOpen, at);
+                const size_t close = open == std::string_view::npos ? open : text.find(kClose, open);
                 if (close == std::string_view::npos) break;
                 ToolCall c;
-                const std::string_view inner = text.substr(open + 11, close - open - 11);
+                const std::string_view inner = text.substr(open + kOpen.size(), close - open - kOpen.size());
                 if (!to_call(json::parse(inner.begin(), inner.end(), nullptr, false), r, c)) break;
                 content += text.substr(at, open - at);
                 out.calls.push_back(std::move(c));
-                at = close + 12;
+                at = close + kClose.size();
             }
             content += text.substr(at);
             out.content = out.calls.empty() ? std::string(text) : trim(content);
