@@ -377,7 +377,7 @@ void Server::handle_generate(bool chat, const http::Request& req, std::shared_pt
                 stream->push(out, false);
             }
         };
-        g.callbacks.on_done = [=, this](const runtime::GenerateResult& result) {
+        g.callbacks.on_done = [=](const runtime::GenerateResult& result) {
             std::string out;
             std::string finish = finish_name(result.finish);
             if (tools) {
@@ -406,7 +406,7 @@ void Server::handle_generate(bool chat, const http::Request& req, std::shared_pt
             }
             stream->push(out + "data: [DONE]\n\n", true);
         };
-        g.callbacks.on_error = [=, this](const std::string& message) {
+        g.callbacks.on_error = [=](const std::string& message) {
             const ApiError e{500, message.empty() ? "generation failed" : message, "server_error", "", ""};
             stream->push("data: " + error_body(e) + "\n\ndata: [DONE]\n\n", true);
         };

@@ -36,8 +36,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     require(r.endpoint == endpoint);
     require(r.sampling.validate().ok());
     if (endpoint == Endpoint::Chat) {
-        require(!r.messages.empty());
-        for (const auto& m : r.messages) require(m.role == "system" || m.role == "user" || m.role == "assistant");
+        require(!r.chat.messages.empty());
+        for (const auto& m : r.chat.messages)
+            require(m.role == "system" || m.role == "user" || m.role == "assistant" || m.role == "tool");
     } else {
         require(!r.prompt.empty());
     }

@@ -75,7 +75,7 @@ def test_greedy_continuation_is_unchanged(name, tokens, case):
 def test_perplexity_matches_llama_cpp(name, n_ctx):
     model = require_model(name)
     out = subprocess.run([str(TERN), "perplexity", "-m", str(model), "-f", str(SOURCE / "tests" / "data" / "perplexity.txt"),
-                          "--ctx", str(n_ctx), "-t", "1"], capture_output=True, text=True, timeout=900)
+                          "--ctx", str(n_ctx), "-t", "1"], capture_output=True, text=True, timeout=1800)
     assert out.returncode == 0, out.stderr
     m = re.search(r"PPL = ([0-9.]+)", out.stdout + out.stderr)
     assert m, out.stdout + out.stderr
