@@ -1,6 +1,7 @@
 #include "runtime/grammar.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <map>
 #include <unordered_map>
@@ -500,6 +501,7 @@ std::shared_ptr<const GrammarVocab> GrammarVocab::make(const text::Tokenizer& to
         return true;
     };
     v->utf8_below_.assign(v->nodes_.size(), 1);
+    v->height_.assign(v->nodes_.size(), 0);
     // Children come after their parents: one backward pass gathers the bytes below.
     v->below_.assign(4 * v->nodes_.size(), 0);
     for (size_t at = v->nodes_.size(); at-- > 0;) {
@@ -510,6 +512,7 @@ std::shared_ptr<const GrammarVocab> GrammarVocab::make(const text::Tokenizer& to
             for (int k = 0; k < 4; ++k) mine[k] |= theirs[k];
             mine[v->nodes_[c].byte >> 6] |= uint64_t(1) << (v->nodes_[c].byte & 63);
             v->utf8_below_[at] &= v->utf8_below_[c];
+            v->height_[at] = uint8_t(std::max<int>(v->height_[at], std::min<int>(v->height_[c] + 1, 255)));
         }
         for (uint32_t i = nd.from; i < nd.from + nd.n_exact; ++i)
             if (!well_formed(v->bytes_[size_t(order[i])])) v->utf8_below_[at] = 0;
@@ -678,18 +681,24 @@ uint32_t GrammarMatcher::Walk::intern(State s) {
     key += '|';
     key += s.partial;
     auto [it, fresh] = ids.emplace(std::move(key), uint32_t(states.size()));
-    if (fresh) states.push_back(std::move(s));
+    if (fresh) {
+        states.push_back(std::move(s));
+        // Room for the most states a walk keeps, reserved once: growing the
+        // table by reallocation cost more than the walk (fresh pages zeroed).
+        if (next.capacity() == 0) next.reserve((kMaxWalkStates + 1024) * 256);
+        next.resize(states.size() * 256, kUnknown);
+    }
     return it->second;
 }
 
 int64_t GrammarMatcher::transition(Walk& w, uint32_t from, uint8_t byte) const {
-    const uint64_t key = (uint64_t(from) << 8) | byte;
-    if (auto it = w.next.find(key); it != w.next.end()) return it->second;
+    const size_t at = size_t(from) * 256 + byte;
+    if (w.next[at] != Walk::kUnknown) return w.next[at];
     State t = w.states[from];
     bool overflow = false;
     const char b = char(byte);
-    const int64_t to = step(t, std::string_view(&b, 1), &overflow) ? int64_t(w.intern(std::move(t))) : -1;
-    w.next.emplace(key, to);
+    const int32_t to = step(t, std::string_view(&b, 1), &overflow) ? int32_t(w.intern(std::move(t))) : -1;
+    w.next[at] = to;  // after intern(), which may have grown the table
     return to;
 }
 
@@ -723,53 +732,105 @@ const GrammarMatcher::Walk::Loop& GrammarMatcher::loop_of(Walk& w, uint32_t stat
 }
 
 void GrammarMatcher::mask(std::span<float> logits, const GrammarVocab& vocab) const {
-    std::vector<uint8_t> ok(size_t(vocab.n_vocab()), 0);
+    const size_t n_vocab = size_t(vocab.n_vocab());
+    std::vector<uint64_t> fresh;
+    const std::vector<uint64_t>* ok = &fresh;
     if (error_.empty()) {
         Walk& w = walk_;
         if (w.states.size() > kMaxWalkStates) w = Walk{};
-        auto allow = [&](uint32_t from, uint32_t to) {
-            for (uint32_t i = from; i < to; ++i) ok[size_t(vocab.tokens()[i])] = 1;
-        };
-        // Depth first over the trie: (node, state id) pairs still to visit;
-        // each node was reached with a viable state, so its exact tokens fit.
-        // A subtree whose every byte below leads the state back to itself
-        // (the characters of a string, the digits of a number) fits whole.
-        constexpr uint32_t kLoopCheckFrom = 16;  // tokens in a subtree worth the 128-byte check
-        std::vector<std::pair<uint32_t, uint32_t>> todo{{0, w.intern(state_)}};
-        while (!todo.empty()) {
-            const auto [node, state] = todo.back();
-            todo.pop_back();
-            const GrammarVocab::Node& nd = vocab.nodes()[node];
-            if (node != 0) allow(nd.from, nd.from + nd.n_exact);  // the root is the empty prefix
-            if (nd.n_children == 0) continue;
-            // The shortcut needs the state to lead back to itself; one byte
-            // below (the first child's, a transition the walk needs anyway)
-            // tells most states that do not (a counted repetition's) at once.
-            if (node != 0 && nd.to - nd.from >= kLoopCheckFrom &&
-                transition(w, state, vocab.nodes()[nd.first_child].byte) == int64_t(state)) {
-                const Walk::Loop& loop = loop_of(w, state);
-                const uint64_t* below = vocab.bytes_below(node);
-                const bool high = loop.any_non_ascii && vocab.utf8_below(node);
-                bool inside = true;
-                for (int k = 0; k < 4; ++k)
-                    inside = inside && (below[k] & ~(loop.bytes[size_t(k)] | (high && k >= 2 ? ~uint64_t(0) : 0))) == 0;
-                if (inside) {
-                    allow(nd.from, nd.to);
-                    continue;
-                }
-            }
-            for (uint32_t c = 0; c < nd.n_children; ++c) {
-                const uint32_t child = nd.first_child + c;
-                const int64_t to = transition(w, state, vocab.nodes()[child].byte);
-                if (to >= 0) todo.emplace_back(child, uint32_t(to));
-            }
+        const uint32_t start = w.intern(state_);
+        if (auto it = w.masks.find(start); it != w.masks.end()) {
+            ok = &it->second;
+        } else {
+            fresh = walk_mask(w, start, vocab);
+            if (w.masks.size() < kMaxCachedMasks) ok = &w.masks.emplace(start, std::move(fresh)).first->second;
         }
     }
-    for (int32_t id : vocab.end_of_generation()) ok[size_t(id)] = can_end();
-    const size_t n = std::min(logits.size(), ok.size());
+    if (ok->empty()) fresh.assign((n_vocab + 63) / 64, 0), ok = &fresh;  // the grammar cannot go on: nothing fits
+    // End-of-generation tokens are not in the walk's masks: they may come
+    // exactly when the text so far is a whole sentence.
+    std::vector<std::pair<size_t, float>> ends;
+    if (can_end())
+        for (int32_t id : vocab.end_of_generation())
+            if (size_t(id) < logits.size()) ends.emplace_back(size_t(id), logits[size_t(id)]);
+    const size_t n = std::min(logits.size(), n_vocab);
     for (size_t id = 0; id < n; ++id)
-        if (!ok[id]) logits[id] = -INFINITY;
+        if (!(((*ok)[id >> 6] >> (id & 63)) & 1)) logits[id] = -INFINITY;
     for (size_t id = n; id < logits.size(); ++id) logits[id] = -INFINITY;
+    for (const auto& [id, logit] : ends) logits[id] = logit;
+}
+
+// Whether every string of at most `height` bytes, each in `below` (ASCII
+// only), keeps the text inside the grammar from `state`: true when at each
+// step every such byte leads to one same viable state. A counted repetition
+// ([a-z]{0,20}, a schema's maxLength) passes while enough repetitions are
+// left, a loop (a string's characters) at once.
+bool GrammarMatcher::every_path_fits(Walk& w, uint32_t state, const uint64_t* below, int height) const {
+    if (below[2] != 0 || below[3] != 0 || (below[0] | below[1]) == 0) return false;
+    const int first = below[0] != 0 ? std::countr_zero(below[0]) : 64 + std::countr_zero(below[1]);
+    uint32_t at = state;
+    for (int level = 0; level < height; ++level) {
+        const int64_t to = transition(w, at, uint8_t(first));
+        if (to < 0) return false;
+        for (int k = 0; k < 2; ++k)
+            for (uint64_t bits = below[k]; bits != 0; bits &= bits - 1)
+                if (transition(w, at, uint8_t(64 * k + std::countr_zero(bits))) != to) return false;
+        if (to == int64_t(at)) return true;  // from here every byte comes back
+        at = uint32_t(to);
+    }
+    return true;
+}
+
+std::vector<uint64_t> GrammarMatcher::walk_mask(Walk& w, uint32_t start, const GrammarVocab& vocab) const {
+    std::vector<uint64_t> ok((size_t(vocab.n_vocab()) + 63) / 64, 0);
+    auto allow = [&](uint32_t from, uint32_t to) {
+        for (uint32_t i = from; i < to; ++i) {
+            const auto id = uint32_t(vocab.tokens()[i]);
+            ok[id >> 6] |= uint64_t(1) << (id & 63);
+        }
+    };
+    // Depth first over the trie: (node, state id) pairs still to visit;
+    // each node was reached with a viable state, so its exact tokens fit.
+    // A subtree whose every byte below leads the state back to itself
+    // (the characters of a string, the digits of a number) fits whole.
+    constexpr uint32_t kLoopCheckFrom = 16;  // tokens in a subtree worth the 128-byte check
+    std::vector<std::pair<uint32_t, uint32_t>> todo{{0, start}};
+    while (!todo.empty()) {
+        const auto [node, state] = todo.back();
+        todo.pop_back();
+        const GrammarVocab::Node& nd = vocab.nodes()[node];
+        if (node != 0) allow(nd.from, nd.from + nd.n_exact);  // the root is the empty prefix
+        if (nd.n_children == 0) continue;
+        // The shortcut needs the state to lead back to itself; one byte
+        // below (the first child's, a transition the walk needs anyway)
+        // tells most states that do not (a counted repetition's) at once.
+        if (node != 0 && nd.to - nd.from >= kLoopCheckFrom &&
+            transition(w, state, vocab.nodes()[nd.first_child].byte) == int64_t(state)) {
+            const Walk::Loop& loop = loop_of(w, state);
+            const uint64_t* below = vocab.bytes_below(node);
+            const bool high = loop.any_non_ascii && vocab.utf8_below(node);
+            bool inside = true;
+            for (int k = 0; k < 4; ++k)
+                inside = inside && (below[k] & ~(loop.bytes[size_t(k)] | (high && k >= 2 ? ~uint64_t(0) : 0))) == 0;
+            if (inside) {
+                allow(nd.from, nd.to);
+                continue;
+            }
+        }
+        if (node != 0 && nd.to - nd.from >= kLoopCheckFrom && vocab.height(node) < 255 &&
+            every_path_fits(w, state, vocab.bytes_below(node), vocab.height(node))) {
+            allow(nd.from, nd.to);
+            continue;
+        }
+        for (uint32_t c = 0; c < nd.n_children; ++c) {
+            const uint32_t child = nd.first_child + c;
+            const int64_t to = transition(w, state, vocab.nodes()[child].byte);
+            if (to >= 0) todo.emplace_back(child, uint32_t(to));
+        }
+    }
+    // End-of-generation tokens are decided by can_end() when the mask is applied.
+    for (int32_t id : vocab.end_of_generation()) ok[size_t(id) >> 6] &= ~(uint64_t(1) << (size_t(id) & 63));
+    return ok;
 }
 
 }  // namespace tern::runtime

@@ -84,6 +84,8 @@ public:
     // Every token below node i (and at it) is well-formed UTF-8 from its first
     // byte, though its last character may be unfinished.
     bool utf8_below(size_t i) const { return utf8_below_[i] != 0; }
+    // The most bytes a token below node i has past the node's prefix (255: that many or more).
+    int height(size_t i) const { return height_[i]; }
     const std::string& bytes(int32_t id) const { return bytes_[size_t(id)]; }
     int n_vocab() const { return int(bytes_.size()); }
     const std::vector<int32_t>& end_of_generation() const { return eog_; }  // the tokenizer's is_eog ids
@@ -94,6 +96,7 @@ private:
     std::vector<int32_t> tokens_;  // sorted by bytes: each node's tokens are a range
     std::vector<uint64_t> below_;
     std::vector<uint8_t> utf8_below_;
+    std::vector<uint8_t> height_;
     std::vector<int32_t> eog_;
 };
 
@@ -102,7 +105,8 @@ private:
 class GrammarMatcher {
 public:
     static constexpr size_t kMaxStacks = 4096;
-    static constexpr size_t kMaxWalkStates = 1 << 16;  // the mask's state cache starts again past this
+    static constexpr size_t kMaxWalkStates = 1 << 14;  // the mask's state cache starts again past this
+    static constexpr size_t kMaxCachedMasks = 256;     // whole masks kept, by the state they were made in
 
     explicit GrammarMatcher(std::shared_ptr<const Grammar> grammar);
 
@@ -138,9 +142,16 @@ private:
     bool partial_viable(const State& s) const;
     // The interned states of one mask's walk and their transitions by byte.
     struct Walk {
+        static constexpr int32_t kUnknown = -2;
         std::vector<State> states;
         std::unordered_map<std::string, uint32_t> ids;
-        std::unordered_map<uint64_t, int64_t> next;  // (state << 8 | byte) -> state, or -1: refused
+        // next[state * 256 + byte]: the state a byte leads to, -1 refused,
+        // kUnknown not yet computed (a table, not a map: the walk looks one
+        // up per trie node it visits, a hundred thousand on a large vocabulary)
+        std::vector<int32_t> next;
+        // The allowed tokens (a bit each) of a mask made in a state; the
+        // state recurs with every character of a string or digit of a number.
+        std::unordered_map<uint32_t, std::vector<uint64_t>> masks;
         // state -> the ASCII bytes that lead back to it, and whether every
         // non-ASCII character does too
         struct Loop {
@@ -151,6 +162,10 @@ private:
         uint32_t intern(State s);
     };
     int64_t transition(Walk& w, uint32_t from, uint8_t byte) const;
+    // The tokens (a bit each) whose bytes keep the text inside the grammar
+    // from state start; end-of-generation tokens left out.
+    std::vector<uint64_t> walk_mask(Walk& w, uint32_t start, const GrammarVocab& vocab) const;
+    bool every_path_fits(Walk& w, uint32_t state, const uint64_t* below, int height) const;
     const Walk::Loop& loop_of(Walk& w, uint32_t state) const;
 
     std::shared_ptr<const Grammar> g_;

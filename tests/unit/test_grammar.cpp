@@ -166,7 +166,8 @@ TEST(Grammar, MaskAllowsExactlyTheTokensThatFit) {
         for (char b : std::string("0123456789")) merges.push_back({std::string(1, a), std::string(1, b)});
     for (const char* tail : {"\"", "\\", "é", "\xc3", "日本", "\x01", "\"}"})
         for (const char* head : {"a", "b", "1"}) merges.push_back({head, tail});
-    // Subtrees of 20 tokens: plain letters (inside a string, all fit), "é"
+    // Subtrees of 20 tokens: plain letters (inside a string, all fit; after
+    // "#", while the count of letters left allows their length), "é"
     // and letters (they fit by the non-ASCII rule), and a cut "\xc3" then
     // letters beside them (ill-formed: none fit, though their bytes would).
     for (int i = 0; i < 20; ++i) {
@@ -186,29 +187,44 @@ TEST(Grammar, MaskAllowsExactlyTheTokensThatFit) {
     const auto g = parse_ok(
         "root ::= \"{\" ws (pair (\",\" ws pair)*)? \"}\" \"\\n\"?\n"
         "pair ::= str \":\" ws value\n"
-        "value ::= str | [0-9]+ | \"true\" | \"null\" | root | [a-h]+ [é]?\n"
+        "value ::= str | [0-9]+ | \"true\" | \"null\" | root | [a-h]+ [é]? | \"#\" [a-hx]{0,4}\n"
         "str ::= \"\\\"\" ([^\"\\\\\\x00-\\x1f] | \"\\\\\" [n\"])* \"\\\"\"\n"
         "ws ::= \" \"?\n");
+    // Compares m's mask with allows() token by token; the allowed tokens.
+    auto check_mask = [&](const GrammarMatcher& m, const std::string& where) {
+        std::vector<float> logits(size_t(tok.n_vocab()), 1.0f);
+        m.mask(logits, *vocab);
+        std::vector<int32_t> allowed;
+        for (int32_t id = 0; id < tok.n_vocab(); ++id) {
+            const bool want = tok.is_eog(id) ? m.can_end() : m.allows(vocab->bytes(id));
+            EXPECT_EQ(!std::isinf(logits[size_t(id)]), want) << "token " << id << " '" << vocab->bytes(id) << "' " << where;
+            if (want && !tok.is_eog(id)) allowed.push_back(id);
+        }
+        return allowed;
+    };
     std::mt19937 rng(testing_util::fresh_seed());
     int checked_states = 0;
     for (int walk = 0; walk < 20; ++walk) {
         GrammarMatcher m(g);
         for (int step = 0; step < 40; ++step) {
-            std::vector<float> logits(size_t(tok.n_vocab()), 1.0f);
-            m.mask(logits, *vocab);
-            std::vector<int32_t> allowed;
-            for (int32_t id = 0; id < tok.n_vocab(); ++id) {
-                const bool want = tok.is_eog(id) ? m.can_end() : m.allows(vocab->bytes(id));
-                ASSERT_EQ(!std::isinf(logits[size_t(id)]), want)
-                    << "token " << id << " '" << vocab->bytes(id) << "' at step " << step;
-                if (want && !tok.is_eog(id)) allowed.push_back(id);
-            }
+            const std::vector<int32_t> allowed = check_mask(m, "at step " + std::to_string(step));
+            ASSERT_FALSE(testing::Test::HasFailure());
             ++checked_states;
             if (allowed.empty()) break;
             ASSERT_TRUE(m.accept(vocab->bytes(allowed[rng() % allowed.size()])));
         }
     }
     EXPECT_GT(checked_states, 100);
+    // Each count of a counted repetition's letters left, twice (the second
+    // time from the masks kept by state).
+    for (int pass = 0; pass < 2; ++pass) {
+        GrammarMatcher m(g);
+        ASSERT_TRUE(m.accept("{\"k\": #"));
+        for (int left = 4; left >= 0; --left) {
+            check_mask(m, std::to_string(left) + " letters left");
+            if (left > 0) ASSERT_TRUE(m.accept("a"));
+        }
+    }
 }
 
 }  // namespace
