@@ -26,7 +26,10 @@ TEST(CpuAttention, TileTokensHaveTheirOwnBits) {
     std::mt19937 rng(test::run_seed() + 7);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     struct Shape { int head_dim, n_q, n_kv_heads, n_pos; };
-    for (const Shape sh : {Shape{64, 3, 3, 40}, Shape{256, 4, 1, 70}, Shape{80, 1, 2, 17}, Shape{128, 2, 4, 9}}) {
+    // Query groups of 1 to 5 heads (the AVX2 schedule blocks them by four),
+    // head sizes with and without a tail past the last eight.
+    for (const Shape sh : {Shape{64, 3, 3, 40}, Shape{256, 4, 1, 70}, Shape{80, 1, 2, 17}, Shape{128, 2, 4, 9},
+                           Shape{36, 5, 1, 23}}) {
         SCOPED_TRACE("head dim " + std::to_string(sh.head_dim) + ", " + std::to_string(sh.n_q) + " query heads");
         const size_t hd = size_t(sh.head_dim);
         std::vector<uint16_t> k(size_t(sh.n_pos * sh.n_kv_heads) * hd), v(k.size());
@@ -45,15 +48,36 @@ TEST(CpuAttention, TileTokensHaveTheirOwnBits) {
                 std::vector<float> q(size_t(n_t * stride)), out(q.size(), std::numeric_limits<float>::quiet_NaN());
                 for (float& x : q) x = nd(rng);
                 const AttentionTile tile{q.data(), stride, n_t, sh.n_q, first.data(), last.data(), out.data(), stride};
-                backend::cpu::attention_tile(tile, k.data(), v.data(), kv_head, sh.n_kv_heads, sh.head_dim, 0.125f);
+                backend::cpu::attention_tile(tile, k.data(), v.data(), kv_head, sh.n_kv_heads, sh.head_dim, 0.125f,
+                                             quant::SimdPath::scalar);
+                // The AVX2 schedule: the portable form's bits, the padding untouched.
+                if (quant::simd_path_available(quant::SimdPath::avx2)) {
+                    std::vector<float> vec_out(q.size(), std::numeric_limits<float>::quiet_NaN());
+                    const AttentionTile vec_tile{q.data(), stride, n_t, sh.n_q, first.data(), last.data(),
+                                                 vec_out.data(), stride};
+                    backend::cpu::attention_tile(vec_tile, k.data(), v.data(), kv_head, sh.n_kv_heads, sh.head_dim,
+                                                 0.125f, quant::SimdPath::avx2);
+                    for (size_t i = 0; i < out.size(); ++i)
+                        ASSERT_TRUE(std::memcmp(&out[i], &vec_out[i], sizeof(float)) == 0)
+                            << "AVX2 tile differs at " << i << ": " << vec_out[i] << " vs " << out[i] << ", " << n_t
+                            << " tokens, window " << window;
+                }
                 for (int t = 0; t < n_t; ++t) {
                     std::vector<float> alone(size_t(sh.n_q) * hd);
                     const size_t at = size_t(first[size_t(t)] * sh.n_kv_heads) * hd;
                     backend::cpu::attention_kv_group(q.data() + t * stride, sh.n_q, k.data() + at, v.data() + at,
                                                      last[size_t(t)] - first[size_t(t)] + 1, kv_head, sh.n_kv_heads,
-                                                     sh.head_dim, 0.125f, alone.data());
+                                                     sh.head_dim, 0.125f, alone.data(), quant::SimdPath::scalar);
                     ASSERT_EQ(std::memcmp(alone.data(), out.data() + t * stride, alone.size() * sizeof(float)), 0)
                         << "token " << t << " of " << n_t << ", window " << window;
+                    if (quant::simd_path_available(quant::SimdPath::avx2)) {  // the one-token form on AVX2
+                        std::vector<float> vec_alone(alone.size(), std::numeric_limits<float>::quiet_NaN());
+                        backend::cpu::attention_kv_group(q.data() + t * stride, sh.n_q, k.data() + at, v.data() + at,
+                                                         last[size_t(t)] - first[size_t(t)] + 1, kv_head, sh.n_kv_heads,
+                                                         sh.head_dim, 0.125f, vec_alone.data(), quant::SimdPath::avx2);
+                        ASSERT_EQ(std::memcmp(alone.data(), vec_alone.data(), alone.size() * sizeof(float)), 0)
+                            << "AVX2 one-token form, token " << t << " of " << n_t << ", window " << window;
+                    }
                     // The padding past the group stays untouched.
                     for (int64_t i = int64_t(alone.size()); i < stride; ++i)
                         ASSERT_TRUE(std::isnan(out[size_t(t * stride + i)]));

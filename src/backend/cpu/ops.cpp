@@ -125,7 +125,11 @@ void fp16_row_to_fp32(const uint16_t* src, float* dst, int n) {
 }  // namespace
 
 void attention_tile(const AttentionTile& a, const uint16_t* k, const uint16_t* v, int kv_head, int n_kv_heads,
-                    int head_dim, float scale) {
+                    int head_dim, float scale, quant::SimdPath path) {
+#if defined(__x86_64__)
+    if (path != quant::SimdPath::scalar && quant::simd_path_available(quant::SimdPath::avx2))
+        return detail::attention_tile_avx2(a, k, v, kv_head, n_kv_heads, head_dim, scale);
+#endif
     constexpr int T = kAttentionTileTokens;
     const size_t hd = static_cast<size_t>(head_dim), nq = static_cast<size_t>(a.n_q);
     // The tile's queries transposed per head, qt[j][i][t], so that one position's
@@ -173,7 +177,15 @@ void attention_tile(const AttentionTile& a, const uint16_t* k, const uint16_t* v
 }
 
 void attention_kv_group(const float* q, int n_q, const uint16_t* k, const uint16_t* v, int n_pos, int kv_head,
-                        int n_kv_heads, int head_dim, float scale, float* out) {
+                        int n_kv_heads, int head_dim, float scale, float* out, quant::SimdPath path) {
+#if defined(__x86_64__)
+    if (n_pos > 0 && path != quant::SimdPath::scalar && quant::simd_path_available(quant::SimdPath::avx2)) {
+        const int first = 0, last = n_pos - 1;
+        const int64_t row = int64_t(n_q) * head_dim;
+        return detail::attention_tile_avx2(AttentionTile{q, row, 1, n_q, &first, &last, out, row}, k, v, kv_head,
+                                           n_kv_heads, head_dim, scale);
+    }
+#endif
     const size_t hd = static_cast<size_t>(head_dim);
     std::vector<float> kf(hd), vf(hd), acc(hd * size_t(n_q), 0.0f);
     // Per query head: running max m, running denominator l, running numerator acc.

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "backend/backend.h"
+#include "quant/simd_path.h"
 
 namespace tern::backend::cpu {
 
@@ -37,8 +38,11 @@ void route_top_k(const float* logits, int n_expert, int k, int32_t* ids, float* 
 // [pos][n_kv_heads][head_dim]. Each position's K and V rows are converted once
 // for the whole group. Online softmax, so memory stays O(head_dim) whatever the
 // context length; every sum runs in position and element order.
+// path: the portable form (scalar), or on AVX2 a tile of this one token (the
+// same bits, attention_avx2.cpp); by default the best the CPU has.
 void attention_kv_group(const float* q, int n_q, const uint16_t* k, const uint16_t* v, int n_pos, int kv_head,
-                        int n_kv_heads, int head_dim, float scale, float* out);
+                        int n_kv_heads, int head_dim, float scale, float* out,
+                        quant::SimdPath path = quant::simd_path_best());
 
 // The same for up to kAttentionTileTokens query tokens of one sequence at
 // once (a prefill tile): token t's n_q heads at q + t * q_stride, its output
@@ -57,7 +61,14 @@ struct AttentionTile {
     float* out;
     int64_t out_stride;
 };
+// path: the portable form (scalar) or its AVX2 schedule, the same bits
+// (attention_avx2.cpp); by default the best the CPU has.
 void attention_tile(const AttentionTile& tile, const uint16_t* k, const uint16_t* v, int kv_head, int n_kv_heads,
-                    int head_dim, float scale);
+                    int head_dim, float scale, quant::SimdPath path = quant::simd_path_best());
+
+namespace detail {
+void attention_tile_avx2(const AttentionTile& tile, const uint16_t* k, const uint16_t* v, int kv_head,
+                         int n_kv_heads, int head_dim, float scale);
+}  // namespace detail
 
 }  // namespace tern::backend::cpu
