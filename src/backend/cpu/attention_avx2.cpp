@@ -107,29 +107,20 @@ void rescale_add(float* acc, float correction, float w, const float* v, size_t h
 void attention_tile_avx2(const AttentionTile& a, const uint16_t* k, const uint16_t* v, int kv_head, int n_kv_heads,
                          int head_dim, float scale) {
     const size_t hd = size_t(head_dim), nq = size_t(a.n_q);
-    // The tile's queries transposed per head, qt[j][i][t], as in the portable form.
-    std::vector<float> qt(nq * hd * T, 0.0f), acc(nq * T * hd, 0.0f);
-    std::vector<float> m(nq * T, -INFINITY), l(nq * T, 0.0f);
-    int lo = a.first[0], hi = a.last[0];
-    for (int t = 0; t < a.n_t; ++t) {
-        lo = std::min(lo, a.first[t]);
-        hi = std::max(hi, a.last[t]);
-        for (size_t j = 0; j < nq; ++j)
-            for (size_t i = 0; i < hd; ++i) qt[(j * hd + i) * T + size_t(t)] = a.q[t * a.q_stride + int64_t(j * hd + i)];
-    }
+    TileSoftmax st(a, head_dim);
     const Blocking full = blocking(a.n_q);
     const int max_positions = full.positions;
     std::vector<float> kf(size_t(max_positions) * hd), vf(size_t(max_positions) * hd);
     std::vector<float> dots(size_t(max_positions) * size_t(full.heads) * T);
-    for (int p0 = lo; p0 <= hi; p0 += max_positions) {
-        const int np = std::min(max_positions, hi + 1 - p0);
+    for (int p0 = st.lo; p0 <= st.hi; p0 += max_positions) {
+        const int np = std::min(max_positions, st.hi + 1 - p0);
         for (int p = 0; p < np; ++p) {
             f16_row_to_f32(k + (int64_t(p0 + p) * n_kv_heads + kv_head) * head_dim, kf.data() + size_t(p) * hd, head_dim);
             f16_row_to_f32(v + (int64_t(p0 + p) * n_kv_heads + kv_head) * head_dim, vf.data() + size_t(p) * hd, head_dim);
         }
         for (size_t j0 = 0; j0 < nq; j0 += size_t(full.heads)) {
             const int nb = int(std::min(nq - j0, size_t(full.heads)));
-            dots_for(nb, np)(qt.data() + j0 * hd * T, kf.data(), hd, dots.data());
+            dots_for(nb, np)(st.qt.data() + j0 * hd * T, kf.data(), hd, dots.data());
             // The softmax steps in position order, as the portable form takes them.
             for (int p = 0; p < np; ++p) {
                 const int pos = p0 + p;
@@ -140,25 +131,19 @@ void attention_tile_avx2(const AttentionTile& a, const uint16_t* k, const uint16
                         if (pos < a.first[t] || pos > a.last[t]) continue;
                         const size_t jt = j * T + size_t(t);
                         const float s = dot[t] * scale;
-                        const float m_new = std::max(m[jt], s);
+                        const float m_new = std::max(st.m[jt], s);
                         const float correction =
-                            m_new == m[jt] && std::isfinite(m_new) ? 1.0f : std::exp(m[jt] - m_new);
+                            m_new == st.m[jt] && std::isfinite(m_new) ? 1.0f : std::exp(st.m[jt] - m_new);
                         const float w = std::exp(s - m_new);
-                        l[jt] = l[jt] * correction + w;
-                        rescale_add(acc.data() + jt * hd, correction, w, vf.data() + size_t(p) * hd, hd);
-                        m[jt] = m_new;
+                        st.l[jt] = st.l[jt] * correction + w;
+                        rescale_add(st.acc.data() + jt * hd, correction, w, vf.data() + size_t(p) * hd, hd);
+                        st.m[jt] = m_new;
                     }
                 }
             }
         }
     }
-    for (int t = 0; t < a.n_t; ++t)
-        for (size_t j = 0; j < nq; ++j) {
-            const size_t jt = j * T + size_t(t);
-            const float inv = l[jt] > 0.0f ? 1.0f / l[jt] : 0.0f;
-            float* o = a.out + t * a.out_stride + int64_t(j * hd);
-            for (size_t i = 0; i < hd; ++i) o[i] = acc[jt * hd + i] * inv;
-        }
+    st.write(a, head_dim);
 }
 
 }  // namespace tern::backend::cpu::detail

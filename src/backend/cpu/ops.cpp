@@ -132,41 +132,54 @@ void attention_tile(const AttentionTile& a, const uint16_t* k, const uint16_t* v
 #endif
     constexpr int T = kAttentionTileTokens;
     const size_t hd = static_cast<size_t>(head_dim), nq = static_cast<size_t>(a.n_q);
-    // The tile's queries transposed per head, qt[j][i][t], so that one position's
-    // q·k for every token are T independent sums in element order (each the
-    // arithmetic of a sum on its own), side by side in vector lanes.
-    std::vector<float> qt(nq * hd * T, 0.0f), kf(hd), vf(hd), acc(nq * T * hd, 0.0f);
-    // Per (head, token): running max m, running denominator l, running numerator acc.
-    std::vector<float> m(nq * T, -INFINITY), l(nq * T, 0.0f);
-    int lo = a.first[0], hi = a.last[0];
-    for (int t = 0; t < a.n_t; ++t) {
-        lo = std::min(lo, a.first[t]);
-        hi = std::max(hi, a.last[t]);
-        for (size_t j = 0; j < nq; ++j)
-            for (size_t i = 0; i < hd; ++i) qt[(j * hd + i) * T + size_t(t)] = a.q[t * a.q_stride + int64_t(j * hd + i)];
-    }
-    for (int p = lo; p <= hi; ++p) {
+    detail::TileSoftmax st(a, head_dim);
+    std::vector<float> kf(hd), vf(hd);
+    for (int p = st.lo; p <= st.hi; ++p) {
         fp16_row_to_fp32(k + (int64_t(p) * n_kv_heads + kv_head) * head_dim, kf.data(), head_dim);
         fp16_row_to_fp32(v + (int64_t(p) * n_kv_heads + kv_head) * head_dim, vf.data(), head_dim);
         for (size_t j = 0; j < nq; ++j) {
             float dot[T] = {};
-            const float* qj = qt.data() + j * hd * T;
+            const float* qj = st.qt.data() + j * hd * T;
             for (size_t i = 0; i < hd; ++i)
                 for (int t = 0; t < T; ++t) dot[t] += qj[i * T + size_t(t)] * kf[i];
             for (int t = 0; t < a.n_t; ++t) {
                 if (p < a.first[t] || p > a.last[t]) continue;
                 const size_t jt = j * T + size_t(t);
                 const float s = dot[t] * scale;
-                const float m_new = std::max(m[jt], s);
-                const float correction = std::exp(m[jt] - m_new);  // exp(-inf) = 0 on the first step
+                const float m_new = std::max(st.m[jt], s);
+                const float correction = std::exp(st.m[jt] - m_new);  // exp(-inf) = 0 on the first step
                 const float w = std::exp(s - m_new);
-                l[jt] = l[jt] * correction + w;
-                float* at = acc.data() + jt * hd;
+                st.l[jt] = st.l[jt] * correction + w;
+                float* at = st.acc.data() + jt * hd;
                 for (size_t i = 0; i < hd; ++i) at[i] = at[i] * correction + w * vf[i];
-                m[jt] = m_new;
+                st.m[jt] = m_new;
             }
         }
     }
+    st.write(a, head_dim);
+}
+
+namespace detail {
+
+TileSoftmax::TileSoftmax(const AttentionTile& a, int head_dim) {
+    constexpr int T = kAttentionTileTokens;
+    const size_t hd = static_cast<size_t>(head_dim), nq = static_cast<size_t>(a.n_q);
+    qt.assign(nq * hd * T, 0.0f);
+    acc.assign(nq * T * hd, 0.0f);
+    m.assign(nq * T, -INFINITY);
+    l.assign(nq * T, 0.0f);
+    lo = a.first[0], hi = a.last[0];
+    for (int t = 0; t < a.n_t; ++t) {
+        lo = std::min(lo, a.first[t]);
+        hi = std::max(hi, a.last[t]);
+        for (size_t j = 0; j < nq; ++j)
+            for (size_t i = 0; i < hd; ++i) qt[(j * hd + i) * T + size_t(t)] = a.q[t * a.q_stride + int64_t(j * hd + i)];
+    }
+}
+
+void TileSoftmax::write(const AttentionTile& a, int head_dim) const {
+    constexpr int T = kAttentionTileTokens;
+    const size_t hd = static_cast<size_t>(head_dim), nq = static_cast<size_t>(a.n_q);
     for (int t = 0; t < a.n_t; ++t)
         for (size_t j = 0; j < nq; ++j) {
             const size_t jt = j * T + size_t(t);
@@ -175,6 +188,8 @@ void attention_tile(const AttentionTile& a, const uint16_t* k, const uint16_t* v
             for (size_t i = 0; i < hd; ++i) o[i] = acc[jt * hd + i] * inv;
         }
 }
+
+}  // namespace detail
 
 void attention_kv_group(const float* q, int n_q, const uint16_t* k, const uint16_t* v, int n_pos, int kv_head,
                         int n_kv_heads, int head_dim, float scale, float* out, quant::SimdPath path) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "backend/backend.h"
 #include "quant/simd_path.h"
@@ -67,6 +68,18 @@ void attention_tile(const AttentionTile& tile, const uint16_t* k, const uint16_t
                     int head_dim, float scale, quant::SimdPath path = quant::simd_path_best());
 
 namespace detail {
+// The online softmax of a tile, as both schedules of attention_tile keep it:
+// the queries transposed per head (qt[j][i][t]: one position's q·k for every
+// token are kAttentionTileTokens sums side by side), per (head j, token t)
+// at j * kAttentionTileTokens + t the running max m, denominator l and
+// numerator acc (head_dim floats), and the positions lo..hi the tile spans.
+struct TileSoftmax {
+    std::vector<float> qt, acc, m, l;
+    int lo = 0, hi = -1;
+    TileSoftmax(const AttentionTile& tile, int head_dim);
+    // Each token's heads: acc / l (0 where no position was seen).
+    void write(const AttentionTile& tile, int head_dim) const;
+};
 void attention_tile_avx2(const AttentionTile& tile, const uint16_t* k, const uint16_t* v, int kv_head,
                          int n_kv_heads, int head_dim, float scale);
 }  // namespace detail
