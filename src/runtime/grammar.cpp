@@ -683,22 +683,30 @@ uint32_t GrammarMatcher::Walk::intern(State s) {
     auto [it, fresh] = ids.emplace(std::move(key), uint32_t(states.size()));
     if (fresh) {
         states.push_back(std::move(s));
-        // Room for the most states a walk keeps, reserved once: growing the
-        // table by reallocation cost more than the walk (fresh pages zeroed).
-        if (next.capacity() == 0) next.reserve((kMaxWalkStates + 1024) * 256);
-        next.resize(states.size() * 256, kUnknown);
+        // The table's room reserved once: growing it by reallocation cost
+        // more than the walk (fresh pages zeroed).
+        if (next.capacity() == 0) next.reserve(kTableStates * 256);
+        if (states.size() <= kTableStates) next.resize(states.size() * 256, kUnknown);
     }
     return it->second;
 }
 
 int64_t GrammarMatcher::transition(Walk& w, uint32_t from, uint8_t byte) const {
+    const bool in_table = from < kTableStates;
     const size_t at = size_t(from) * 256 + byte;
-    if (w.next[at] != Walk::kUnknown) return w.next[at];
+    if (in_table) {
+        if (w.next[at] != Walk::kUnknown) return w.next[at];
+    } else if (auto it = w.next_far.find(at); it != w.next_far.end()) {
+        return it->second;
+    }
     State t = w.states[from];
     bool overflow = false;
     const char b = char(byte);
     const int32_t to = step(t, std::string_view(&b, 1), &overflow) ? int32_t(w.intern(std::move(t))) : -1;
-    w.next[at] = to;  // after intern(), which may have grown the table
+    if (in_table)
+        w.next[at] = to;  // after intern(), which may have grown the table
+    else
+        w.next_far.emplace(at, to);
     return to;
 }
 
@@ -737,7 +745,8 @@ void GrammarMatcher::mask(std::span<float> logits, const GrammarVocab& vocab) co
     const std::vector<uint64_t>* ok = &fresh;
     if (error_.empty()) {
         Walk& w = walk_;
-        if (w.states.size() > kMaxWalkStates) w = Walk{};
+        if (w.states.size() > kMaxWalkStates || w.n_vocab != n_vocab) w = Walk{};
+        w.n_vocab = n_vocab;  // the masks kept are bitsets of this vocabulary
         const uint32_t start = w.intern(state_);
         if (auto it = w.masks.find(start); it != w.masks.end()) {
             ok = &it->second;

@@ -106,6 +106,7 @@ class GrammarMatcher {
 public:
     static constexpr size_t kMaxStacks = 4096;
     static constexpr size_t kMaxWalkStates = 1 << 14;  // the mask's state cache starts again past this
+    static constexpr size_t kTableStates = 1 << 14;    // states whose transitions are a table (then a map)
     static constexpr size_t kMaxCachedMasks = 256;     // whole masks kept, by the state they were made in
 
     explicit GrammarMatcher(std::shared_ptr<const Grammar> grammar);
@@ -147,8 +148,12 @@ private:
         std::unordered_map<std::string, uint32_t> ids;
         // next[state * 256 + byte]: the state a byte leads to, -1 refused,
         // kUnknown not yet computed (a table, not a map: the walk looks one
-        // up per trie node it visits, a hundred thousand on a large vocabulary)
+        // up per trie node it visits, a hundred thousand on a large
+        // vocabulary). States past kTableStates, which one walk of a large
+        // grammar can make, keep theirs in next_far, so memory stays bounded.
         std::vector<int32_t> next;
+        std::unordered_map<uint64_t, int32_t> next_far;  // (state << 8 | byte) -> state
+        size_t n_vocab = 0;  // the vocabulary the masks below were made for
         // The allowed tokens (a bit each) of a mask made in a state; the
         // state recurs with every character of a string or digit of a number.
         std::unordered_map<uint32_t, std::vector<uint64_t>> masks;

@@ -51,7 +51,7 @@ void attention_kv_group(const float* q, int n_q, const uint16_t* k, const uint16
 // sequence's cache from position 0). Each position's K and V rows are
 // converted once for the tile, and its q·k for the tile's tokens are summed
 // side by side; every token gets the bits attention_kv_group gives it alone
-// (which stays the faster form for a single token).
+// (the portable one-token form: on AVX2 a single token runs as a tile of one).
 constexpr int kAttentionTileTokens = 8;
 struct AttentionTile {
     const float* q;
