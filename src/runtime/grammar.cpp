@@ -743,7 +743,9 @@ void GrammarMatcher::mask(std::span<float> logits, const GrammarVocab& vocab) co
     const size_t n_vocab = size_t(vocab.n_vocab());
     std::vector<uint64_t> fresh;
     const std::vector<uint64_t>* ok = &fresh;
-    if (error_.empty()) {
+    if (!error_.empty()) {
+        fresh.assign((n_vocab + 63) / 64, 0);  // the grammar cannot go on: nothing fits
+    } else {
         Walk& w = walk_;
         if (w.states.size() > kMaxWalkStates || w.n_vocab != n_vocab) w = Walk{};
         w.n_vocab = n_vocab;  // the masks kept are bitsets of this vocabulary
@@ -755,7 +757,6 @@ void GrammarMatcher::mask(std::span<float> logits, const GrammarVocab& vocab) co
             if (w.masks.size() < kMaxCachedMasks) ok = &w.masks.emplace(start, std::move(fresh)).first->second;
         }
     }
-    if (ok->empty()) fresh.assign((n_vocab + 63) / 64, 0), ok = &fresh;  // the grammar cannot go on: nothing fits
     // End-of-generation tokens are not in the walk's masks: they may come
     // exactly when the text so far is a whole sentence.
     std::vector<std::pair<size_t, float>> ends;
@@ -790,6 +791,27 @@ bool GrammarMatcher::every_path_fits(Walk& w, uint32_t state, const uint64_t* be
     return true;
 }
 
+// Whether every token below `node` (reached in `state`) keeps the text
+// inside the grammar, by one of two shortcuts: every byte below leads the
+// state back to itself (the characters of a string, the digits of a number;
+// non-ASCII characters where the class takes them all), or every_path_fits.
+bool GrammarMatcher::subtree_fits(Walk& w, uint32_t state, uint32_t node, const GrammarVocab& vocab) const {
+    const GrammarVocab::Node& nd = vocab.nodes()[node];
+    const uint64_t* below = vocab.bytes_below(node);
+    // The loop needs the state to lead back to itself; one byte below (the
+    // first child's, a transition the walk needs anyway) tells most states
+    // that do not (a counted repetition's) at once.
+    if (transition(w, state, vocab.nodes()[nd.first_child].byte) == int64_t(state)) {
+        const Walk::Loop& loop = loop_of(w, state);
+        const bool high = loop.any_non_ascii && vocab.utf8_below(node);
+        bool inside = true;
+        for (int k = 0; k < 4; ++k)
+            inside = inside && (below[k] & ~(loop.bytes[size_t(k)] | (high && k >= 2 ? ~uint64_t(0) : 0))) == 0;
+        if (inside) return true;
+    }
+    return vocab.height(node) < 255 && every_path_fits(w, state, below, vocab.height(node));
+}
+
 std::vector<uint64_t> GrammarMatcher::walk_mask(Walk& w, uint32_t start, const GrammarVocab& vocab) const {
     std::vector<uint64_t> ok((size_t(vocab.n_vocab()) + 63) / 64, 0);
     auto allow = [&](uint32_t from, uint32_t to) {
@@ -799,10 +821,9 @@ std::vector<uint64_t> GrammarMatcher::walk_mask(Walk& w, uint32_t start, const G
         }
     };
     // Depth first over the trie: (node, state id) pairs still to visit;
-    // each node was reached with a viable state, so its exact tokens fit.
-    // A subtree whose every byte below leads the state back to itself
-    // (the characters of a string, the digits of a number) fits whole.
-    constexpr uint32_t kLoopCheckFrom = 16;  // tokens in a subtree worth the 128-byte check
+    // each node was reached with a viable state, so its exact tokens fit;
+    // a subtree that fits whole (subtree_fits) is taken at once.
+    constexpr uint32_t kShortcutFrom = 16;  // tokens in a subtree worth the shortcuts' checks
     std::vector<std::pair<uint32_t, uint32_t>> todo{{0, start}};
     while (!todo.empty()) {
         const auto [node, state] = todo.back();
@@ -810,24 +831,7 @@ std::vector<uint64_t> GrammarMatcher::walk_mask(Walk& w, uint32_t start, const G
         const GrammarVocab::Node& nd = vocab.nodes()[node];
         if (node != 0) allow(nd.from, nd.from + nd.n_exact);  // the root is the empty prefix
         if (nd.n_children == 0) continue;
-        // The shortcut needs the state to lead back to itself; one byte
-        // below (the first child's, a transition the walk needs anyway)
-        // tells most states that do not (a counted repetition's) at once.
-        if (node != 0 && nd.to - nd.from >= kLoopCheckFrom &&
-            transition(w, state, vocab.nodes()[nd.first_child].byte) == int64_t(state)) {
-            const Walk::Loop& loop = loop_of(w, state);
-            const uint64_t* below = vocab.bytes_below(node);
-            const bool high = loop.any_non_ascii && vocab.utf8_below(node);
-            bool inside = true;
-            for (int k = 0; k < 4; ++k)
-                inside = inside && (below[k] & ~(loop.bytes[size_t(k)] | (high && k >= 2 ? ~uint64_t(0) : 0))) == 0;
-            if (inside) {
-                allow(nd.from, nd.to);
-                continue;
-            }
-        }
-        if (node != 0 && nd.to - nd.from >= kLoopCheckFrom && vocab.height(node) < 255 &&
-            every_path_fits(w, state, vocab.bytes_below(node), vocab.height(node))) {
+        if (node != 0 && nd.to - nd.from >= kShortcutFrom && subtree_fits(w, state, node, vocab)) {
             allow(nd.from, nd.to);
             continue;
         }

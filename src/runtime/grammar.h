@@ -170,6 +170,7 @@ private:
     // The tokens (a bit each) whose bytes keep the text inside the grammar
     // from state start; end-of-generation tokens left out.
     std::vector<uint64_t> walk_mask(Walk& w, uint32_t start, const GrammarVocab& vocab) const;
+    bool subtree_fits(Walk& w, uint32_t state, uint32_t node, const GrammarVocab& vocab) const;
     bool every_path_fits(Walk& w, uint32_t state, const uint64_t* below, int height) const;
     const Walk::Loop& loop_of(Walk& w, uint32_t state) const;
 

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -23,6 +24,8 @@ using backend::cpu::AttentionTile;
 using backend::cpu::kAttentionTileTokens;
 
 TEST(CpuAttention, TileTokensHaveTheirOwnBits) {
+    if (!quant::simd_path_available(quant::SimdPath::avx2))
+        std::printf("[   NOTE   ] no AVX2 on this CPU: only the portable attention is checked\n");
     std::mt19937 rng(test::run_seed() + 7);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     struct Shape { int head_dim, n_q, n_kv_heads, n_pos; };

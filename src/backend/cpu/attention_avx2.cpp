@@ -17,20 +17,12 @@
 #include <vector>
 
 #include "backend/cpu/ops.h"
-#include "base/fp16.h"
 
 namespace tern::backend::cpu::detail {
 namespace {
 
 constexpr int T = kAttentionTileTokens;
 static_assert(T == 8, "a head's tile of tokens is one vector of eight floats");
-
-void f16_row_to_f32(const uint16_t* src, float* dst, int n) {
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
-    for (; i < n; ++i) dst[i] = fp16_to_fp32(src[i]);
-}
 
 // dots[(p * NB + b) * T + t] = q·k of head b of the block (qt: [b][i][T]) and
 // position p of the block (kf: [p][i]), token t: NB * PB sums, each in element order.
@@ -115,8 +107,8 @@ void attention_tile_avx2(const AttentionTile& a, const uint16_t* k, const uint16
     for (int p0 = st.lo; p0 <= st.hi; p0 += max_positions) {
         const int np = std::min(max_positions, st.hi + 1 - p0);
         for (int p = 0; p < np; ++p) {
-            f16_row_to_f32(k + (int64_t(p0 + p) * n_kv_heads + kv_head) * head_dim, kf.data() + size_t(p) * hd, head_dim);
-            f16_row_to_f32(v + (int64_t(p0 + p) * n_kv_heads + kv_head) * head_dim, vf.data() + size_t(p) * hd, head_dim);
+            fp16_row_to_fp32(k + (int64_t(p0 + p) * n_kv_heads + kv_head) * head_dim, kf.data() + size_t(p) * hd, head_dim);
+            fp16_row_to_fp32(v + (int64_t(p0 + p) * n_kv_heads + kv_head) * head_dim, vf.data() + size_t(p) * hd, head_dim);
         }
         for (size_t j0 = 0; j0 < nq; j0 += size_t(full.heads)) {
             const int nb = int(std::min(nq - j0, size_t(full.heads)));

@@ -114,15 +114,15 @@ __attribute__((target("f16c,avx"))) void fp16_row_to_fp32_f16c(const uint16_t* s
 }
 #endif
 
-void fp16_row_to_fp32(const uint16_t* src, float* dst, int n) {
+}  // namespace
+
+void detail::fp16_row_to_fp32(const uint16_t* src, float* dst, int n) {
 #if defined(__x86_64__)
     static const bool f16c = quant::simd_path_available(quant::SimdPath::avx2);
     if (f16c) return fp16_row_to_fp32_f16c(src, dst, n);
 #endif
     for (int i = 0; i < n; ++i) dst[i] = fp16_to_fp32(src[i]);
 }
-
-}  // namespace
 
 void attention_tile(const AttentionTile& a, const uint16_t* k, const uint16_t* v, int kv_head, int n_kv_heads,
                     int head_dim, float scale, quant::SimdPath path) {
@@ -135,8 +135,8 @@ void attention_tile(const AttentionTile& a, const uint16_t* k, const uint16_t* v
     detail::TileSoftmax st(a, head_dim);
     std::vector<float> kf(hd), vf(hd);
     for (int p = st.lo; p <= st.hi; ++p) {
-        fp16_row_to_fp32(k + (int64_t(p) * n_kv_heads + kv_head) * head_dim, kf.data(), head_dim);
-        fp16_row_to_fp32(v + (int64_t(p) * n_kv_heads + kv_head) * head_dim, vf.data(), head_dim);
+        detail::fp16_row_to_fp32(k + (int64_t(p) * n_kv_heads + kv_head) * head_dim, kf.data(), head_dim);
+        detail::fp16_row_to_fp32(v + (int64_t(p) * n_kv_heads + kv_head) * head_dim, vf.data(), head_dim);
         for (size_t j = 0; j < nq; ++j) {
             float dot[T] = {};
             const float* qj = st.qt.data() + j * hd * T;
@@ -206,8 +206,8 @@ void attention_kv_group(const float* q, int n_q, const uint16_t* k, const uint16
     // Per query head: running max m, running denominator l, running numerator acc.
     std::vector<float> m(static_cast<size_t>(n_q), -INFINITY), l(static_cast<size_t>(n_q), 0.0f);
     for (int p = 0; p < n_pos; ++p) {
-        fp16_row_to_fp32(k + (int64_t(p) * n_kv_heads + kv_head) * head_dim, kf.data(), head_dim);
-        fp16_row_to_fp32(v + (int64_t(p) * n_kv_heads + kv_head) * head_dim, vf.data(), head_dim);
+        detail::fp16_row_to_fp32(k + (int64_t(p) * n_kv_heads + kv_head) * head_dim, kf.data(), head_dim);
+        detail::fp16_row_to_fp32(v + (int64_t(p) * n_kv_heads + kv_head) * head_dim, vf.data(), head_dim);
         for (int j = 0; j < n_q; ++j) {
             const float* qj = q + size_t(j) * hd;
             float dot = 0.0f;

@@ -68,6 +68,9 @@ void attention_tile(const AttentionTile& tile, const uint16_t* k, const uint16_t
                     int head_dim, float scale, quant::SimdPath path = quant::simd_path_best());
 
 namespace detail {
+// dst[i] = the f16 src[i] as f32 (F16C where the CPU has it: the same values).
+void fp16_row_to_fp32(const uint16_t* src, float* dst, int n);
+
 // The online softmax of a tile, as both schedules of attention_tile keep it:
 // the queries transposed per head (qt[j][i][t]: one position's q·k for every
 // token are kAttentionTileTokens sums side by side), per (head j, token t)
