@@ -30,6 +30,7 @@ struct ServeOptions {
     ModelFlags model;
     server::ServerOptions http;
     int parallel = 4;
+    int kv_tokens = 0;
     int max_queue = 64;
     int max_body = 1 << 20;
 };
@@ -37,6 +38,7 @@ struct ServeOptions {
 void run_serve(const ServeOptions& o, const CLI::App& cmd) {
     reject_extras(kCmd, cmd);
     if (o.parallel < 1 || o.parallel > 256) fail(kCmd, "--parallel must be between 1 and 256 (got " + std::to_string(o.parallel) + ")");
+    if (o.kv_tokens < 0) fail(kCmd, "--kv-tokens must be 0 (automatic) or more (got " + std::to_string(o.kv_tokens) + ")");
     if (o.max_queue < 0) fail(kCmd, "--max-queue must be 0 or more (got " + std::to_string(o.max_queue) + ")");
     if (o.max_body < 1) fail(kCmd, "--max-body must be at least 1 byte (got " + std::to_string(o.max_body) + ")");
     if (o.http.port < 0 || o.http.port > 65535) fail(kCmd, "--port must be between 0 and 65535 (got " + std::to_string(o.http.port) + ")");
@@ -100,6 +102,7 @@ void run_serve(const ServeOptions& o, const CLI::App& cmd) {
     eo.threads = o.model.threads;
     eo.n_ctx = o.model.ctx;
     eo.n_slots = o.parallel;
+    eo.kv_tokens = o.kv_tokens;
     eo.max_batch = o.model.batch;
     auto opened = runtime::Engine::open(path, eo);
     if (!opened.ok()) {
@@ -132,8 +135,10 @@ void run_serve(const ServeOptions& o, const CLI::App& cmd) {
             srv.attach(*engine, scheduler, std::move(prompts), std::filesystem::path(path).stem().string());
     }
     const std::string ranks = engine->tp() > 1 ? ", tensor parallel over " + std::to_string(engine->tp()) + " ranks" : "";
-    std::fprintf(stderr, "tern serve: model loaded on %s (%d sequences of %d tokens%s)\n",
-                 backend_display_name(*engine).c_str(), o.parallel, engine->n_ctx(), ranks.c_str());
+    const int64_t kv_tokens = int64_t(engine->forward().kv_pool_pages()) * engine->forward().kv_page_size();
+    std::fprintf(stderr, "tern serve: model loaded on %s (%d sequences of up to %d tokens, KV memory for %lld tokens%s)\n",
+                 backend_display_name(*engine).c_str(), o.parallel, engine->n_ctx(), static_cast<long long>(kv_tokens),
+                 ranks.c_str());
     finish();
     scheduler.shutdown();
     std::fprintf(stderr, "tern serve: stopped\n");
@@ -148,6 +153,10 @@ void add_serve_command(CLI::App& app) {
     cmd->add_option("--host", o->http.host, "Address to listen on (default 127.0.0.1)")->type_name("ADDR");
     add_int_option(cmd, kCmd, "--port", o->http.port, "Port to listen on; 0 = any free port (default 8080)");
     add_int_option(cmd, kCmd, "--parallel", o->parallel, "Sequences decoded at once, each with its own KV slot (default 4)");
+    add_int_option(cmd, kCmd, "--kv-tokens", o->kv_tokens,
+                   "KV memory for all sequences together, in tokens (at least --ctx); sequences take it as they grow, "
+                   "share the pages of common prompt prefixes, and wait or pause when it is full (default 0: "
+                   "--parallel x --ctx, or on a GPU as much of that as free memory holds)");
     cmd->add_option("--api-key", o->http.api_key, "Require 'Authorization: Bearer KEY' on the API (not on /health)")
         ->type_name("KEY");
     add_int_option(cmd, kCmd, "--max-queue", o->max_queue, "Requests waiting for a slot before 503 (default 64)");

@@ -81,7 +81,22 @@ CaseResult run_case(const Heads& h, const Case& c, int64_t l2, uint64_t seed, cu
         SB_CHECK(cudaMemcpyAsync(dv.get() + size_t(s) * slot_stride, dv.get(), slot_stride * 2,
                                  cudaMemcpyDeviceToDevice, stream));
     }
-    const cuda::KvLayer layer{dk.get(), dv.get(), res.slots, c.ctx, h.n_kv_heads, kHeadDim};
+    // Each slot's pages in order (ctx is a multiple of the page size): the
+    // paged cache laid out as one run of positions per slot.
+    const int per_slot = c.ctx / backend::kKvPageSize;
+    std::vector<int32_t> table(size_t(res.slots) * size_t(per_slot));
+    for (size_t i = 0; i < table.size(); ++i) table[i] = int32_t(i);
+    DevBuf<int32_t> dtable(table);
+    cuda::KvLayer layer;
+    layer.k = dk.get();
+    layer.v = dv.get();
+    layer.pages = dtable.get();
+    layer.n_slots = res.slots;
+    layer.n_ctx = c.ctx;
+    layer.n_kv_heads = h.n_kv_heads;
+    layer.head_dim = kHeadDim;
+    layer.page_size = backend::kKvPageSize;
+    layer.pages_per_slot = per_slot;
 
     // Token t at position ctx - n_tokens + t: decode's one token at ctx-1,
     // prefill's tokens at 0..n-1. slots[s] holds n_tokens copies of s.
@@ -128,8 +143,9 @@ CaseResult run_case(const Heads& h, const Case& c, int64_t l2, uint64_t seed, cu
     for (int64_t t : tokens_checked) {
         const int kvh = int(g.next() % uint64_t(h.n_kv_heads));
         const size_t first = size_t(t) * row + size_t(kvh) * size_t(group) * hd;
-        backend::cpu::attention_kv_group(q.data() + first, group, k.data(), v.data(), pos[size_t(t)] + 1, kvh,
-                                         h.n_kv_heads, kHeadDim, scale, want.data());
+        const backend::cpu::KvRows k_rows{k.data(), int64_t(pos_stride)}, v_rows{v.data(), int64_t(pos_stride)};
+        backend::cpu::attention_kv_group(q.data() + first, group, k_rows, v_rows, 0, pos[size_t(t)] + 1, kvh, kHeadDim,
+                                         scale, want.data());
         SB_CHECK(cudaMemcpy(got.data(), dout[0].get() + first, got.size() * sizeof(float), cudaMemcpyDeviceToHost));
         float max_abs = 0.0f;
         for (float w : want) max_abs = std::max(max_abs, std::fabs(w));

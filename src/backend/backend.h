@@ -62,17 +62,30 @@ struct BatchLayout {
 // The most experts a mixture-of-experts layer may have (route_experts).
 constexpr int kMaxExperts = 256;
 
-// Per-layer K and V for every slot and position, f16.
+// Positions per KV page: a multiple of 32, so that every 32-position chunk
+// the attention kernels take (aligned to absolute positions) lies in one page.
+constexpr int kKvPageSize = 32;
+
+// Per-layer K and V, f16, in a pool of pages of page_size positions, each
+// [pos][n_kv_heads][head_dim]. A slot (sequence) reaches its positions
+// through its page table (Backend::map_kv_pages): position p of slot s lies
+// in page table[s][p / page_size] at row p % page_size.
 struct KvCacheShape {
     int n_layers = 0;
     int n_slots = 0;
-    int n_ctx = 0;               // positions per slot
+    int n_ctx = 0;               // positions per slot at most
     int n_kv_heads = 0;
     int head_dim = 0;
     int n_heads = 0;             // query heads (sizes per-head attention scratch; 0: n_kv_heads)
-    size_t bytes() const {
-        return size_t(2) * n_layers * n_slots * n_ctx * n_kv_heads * head_dim * sizeof(uint16_t);
+    int page_size = kKvPageSize;
+    int n_pages = 0;             // the pool; 0: every slot's whole context
+    int pages_per_slot() const { return (n_ctx + page_size - 1) / page_size; }
+    int pool_pages() const { return n_pages > 0 ? n_pages : n_slots * pages_per_slot(); }
+    // Bytes of one page over every layer, K and V.
+    size_t page_bytes() const {
+        return size_t(2) * n_layers * page_size * n_kv_heads * head_dim * sizeof(uint16_t);
     }
+    size_t bytes() const { return size_t(pool_pages()) * page_bytes(); }
 };
 
 class Backend {
@@ -88,7 +101,17 @@ public:
     virtual Result<Tensor> alloc(int64_t rows, int64_t cols) = 0;   // freed with the backend
     // A slot is never cleared: attention reads only positions 0..pos of a
     // token's slot, and every one of those is written (kv_store) first.
+    // When the pool holds every slot's whole context (shape.n_pages 0), slot
+    // s starts mapped to pages s * pages_per_slot onwards; else no slot is
+    // mapped until map_kv_pages.
     virtual Status init_kv_cache(const KvCacheShape& shape) = 0;
+    // Maps positions [i * page_size, (i + 1) * page_size) of `slot` to pool
+    // page pages[i], for every i < pages.size(); its later positions are
+    // unmapped (no token may use them). Slots may share pages (a common
+    // prompt prefix) as long as only one of them writes a shared page's
+    // positions, before the others read them. Takes effect at the next
+    // set_batch; a page outside the pool is an error (take_error).
+    virtual void map_kv_pages(int slot, const std::vector<int32_t>& pages) = 0;
     virtual void upload(const float* host, Tensor dst) = 0;   // dst.rows*dst.cols floats
     virtual void download(Tensor src, float* host) = 0;
 
@@ -178,6 +201,9 @@ public:
     // Device memory this backend holds (weights, KV cache, workspace), in bytes;
     // 0 for a backend that uses host memory.
     virtual size_t device_bytes() const { return 0; }
+    // Device memory still free for this backend to take, in bytes; 0 for a
+    // backend that uses host memory (no bound is known).
+    virtual size_t free_device_bytes() const { return 0; }
 };
 
 // The matrix view of a GGUF tensor (name, type, shape, host bytes, row stride),

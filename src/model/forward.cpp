@@ -12,7 +12,7 @@ namespace tern::model {
 
 using backend::Tensor;
 
-backend::KvCacheShape Forward::kv_shape(const Model& model, int n_slots, int n_ctx) {
+backend::KvCacheShape Forward::kv_shape(const Model& model, int n_slots, int n_ctx, int kv_pages) {
     backend::KvCacheShape s;
     s.n_layers = model.hp.n_layer;
     s.n_slots = n_slots;
@@ -20,13 +20,31 @@ backend::KvCacheShape Forward::kv_shape(const Model& model, int n_slots, int n_c
     s.n_kv_heads = model.hp.n_head_kv;
     s.head_dim = model.hp.head_dim;
     s.n_heads = model.hp.n_head;
+    s.n_pages = kv_pages;
     return s;
 }
 
+namespace {
+
+// The pool kKvPagesFit asks for: 0 (every slot's whole context) when free
+// memory holds it or is unknown (0), else the pages that fit, -1 when they do
+// not make one whole context.
+int fitting_kv_pages(const backend::KvCacheShape& full, size_t free_bytes) {
+    if (free_bytes == 0) return 0;
+    const size_t room = free_bytes > kKvReserveBytes ? free_bytes - kKvReserveBytes : 0;
+    if (full.bytes() <= room) return 0;
+    const size_t pages = room / full.page_bytes();
+    return pages < size_t(full.pages_per_slot()) ? -1 : int(pages);
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Forward>> Forward::create(const Model& model, backend::Backend& be, int max_tokens,
-                                                 int n_slots, int n_ctx) {
+                                                 int n_slots, int n_ctx, int kv_pages) {
     if (max_tokens < 1) return Error{"forward: max_tokens must be at least 1"};
     if (n_slots < 1 || n_ctx < 1) return Error{"forward: the KV cache needs at least one slot and one position"};
+    if (kv_pages < 0 && kv_pages != kKvPagesFit)
+        return Error{"forward: the KV pool cannot have a negative number of pages"};
     const Family* family = find_family(model.hp.arch);
     if (!family) return Error{"forward: unsupported architecture '" + model.hp.arch + "'"};
     std::unique_ptr<Forward> f(new Forward(model, be, *family, max_tokens));
@@ -54,9 +72,39 @@ Result<std::unique_ptr<Forward>> Forward::create(const Model& model, backend::Ba
         *w.t = *t;
     }
     // After the workspace, so a backend can size per-token scratch from it.
-    f->kv_ = kv_shape(model, n_slots, n_ctx);
+    if (kv_pages > 0) {
+        const backend::KvCacheShape full = kv_shape(model, n_slots, n_ctx);
+        if (kv_pages < full.pages_per_slot())
+            return Error{"forward: a KV pool of " + std::to_string(int64_t(kv_pages) * full.page_size) +
+                         " positions cannot hold one sequence of " + std::to_string(n_ctx)};
+        if (kv_pages >= full.pool_pages()) kv_pages = 0;  // every slot's whole context: the same memory
+    }
+    if (kv_pages == kKvPagesFit) kv_pages = fitting_kv_pages(kv_shape(model, n_slots, n_ctx), be.free_device_bytes());
+    if (kv_pages < 0) {
+        const backend::KvCacheShape one = kv_shape(model, 1, n_ctx);
+        return Error{"forward: the KV cache of one sequence of " + std::to_string(n_ctx) + " positions needs " +
+                     std::to_string((one.bytes() + (1 << 20) - 1) >> 20) + " MiB, more than the " +
+                     std::to_string(be.free_device_bytes() >> 20) + " MiB free on the device (keeping " +
+                     std::to_string(kKvReserveBytes >> 20) + " MiB); use a shorter context"};
+    }
+    f->kv_ = kv_shape(model, n_slots, n_ctx, kv_pages);
     if (Status s = be.init_kv_cache(f->kv_); !s.ok()) return Error{s.message()};
+    f->mapped_pages_.assign(size_t(n_slots), kv_pages == 0 ? f->kv_.pages_per_slot() : 0);
     return f;
+}
+
+Status Forward::map_kv_pages(int slot, const std::vector<int32_t>& pages) {
+    if (slot < 0 || slot >= kv_.n_slots) return Error{"forward: KV slot " + std::to_string(slot) + " does not exist"};
+    if (int64_t(pages.size()) > kv_.pages_per_slot())
+        return Error{"forward: " + std::to_string(pages.size()) + " KV pages for a slot of " +
+                     std::to_string(kv_.pages_per_slot())};
+    for (int32_t p : pages)
+        if (p < 0 || p >= kv_.pool_pages())
+            return Error{"forward: KV page " + std::to_string(p) + " is outside the pool of " +
+                         std::to_string(kv_.pool_pages())};
+    be_.map_kv_pages(slot, pages);
+    mapped_pages_[size_t(slot)] = int(pages.size());
+    return {};
 }
 
 Status Forward::run(const Batch& batch, std::vector<float>& logits) {
@@ -76,6 +124,9 @@ Status Forward::run(const Batch& batch, std::vector<float>& logits) {
         if (batch.pos[i] < 0 || batch.pos[i] >= kv_.n_ctx)
             return Error{"forward: position " + std::to_string(batch.pos[i]) + " is outside the context of " +
                          std::to_string(kv_.n_ctx)};
+        if (batch.pos[i] / kv_.page_size >= mapped_pages_[size_t(batch.slot[i])])
+            return Error{"forward: position " + std::to_string(batch.pos[i]) + " of KV slot " +
+                         std::to_string(batch.slot[i]) + " has no KV page mapped"};
     }
     for (int32_t i : batch.logits_for)
         if (i < 0 || i >= n) return Error{"forward: logits row " + std::to_string(i) + " is outside the batch"};

@@ -39,6 +39,9 @@ struct Batch {
     size_t size() const { return tokens.size(); }
 };
 
+constexpr int kKvPagesFit = -1;
+constexpr size_t kKvReserveBytes = size_t(1) << 30;  // for CUDA graphs, libraries, the attention workspace
+
 // What the runtime drives: a forward pass over one backend (Forward) or over
 // the ranks of a tensor-parallel model (TpForward, model/tensor_parallel.h).
 class Pass {
@@ -50,6 +53,15 @@ public:
     virtual int max_tokens() const = 0;
     virtual int n_slots() const = 0;
     virtual int n_ctx() const = 0;
+    // The KV cache: a pool of kv_pool_pages() pages of kv_page_size()
+    // positions (backend.h). map_kv_pages gives a slot its pages
+    // (Backend::map_kv_pages on every backend of the pass); run() refuses a
+    // token whose position lies past its slot's mapped pages. A pool that
+    // holds every slot's whole context starts with each slot mapped to pages
+    // of its own.
+    virtual int kv_page_size() const = 0;
+    virtual int kv_pool_pages() const = 0;
+    virtual Status map_kv_pages(int slot, const std::vector<int32_t>& pages) = 0;
     // Device memory the pass's backends hold (weights, KV cache, workspace); 0 on the CPU.
     virtual size_t device_bytes() const = 0;
 };
@@ -57,12 +69,17 @@ public:
 class Forward final : public Pass {
 public:
     // Allocates the workspace for batches of up to max_tokens tokens and the
-    // backend's KV cache for n_slots sequences of n_ctx positions each.
+    // backend's KV cache for n_slots sequences of up to n_ctx positions each:
+    // a pool of kv_pages pages; 0: every slot's whole context; kKvPagesFit:
+    // every slot's whole context if the backend's free memory holds it with
+    // kKvReserveBytes to spare, else as many pages as that leaves room for (at
+    // least one whole context: less is an error).
     static Result<std::unique_ptr<Forward>> create(const Model& model, backend::Backend& be, int max_tokens,
-                                                   int n_slots, int n_ctx);
+                                                   int n_slots, int n_ctx, int kv_pages = 0);
 
-    // KV-cache shape for n_slots sequences of n_ctx positions each.
-    static backend::KvCacheShape kv_shape(const Model& model, int n_slots, int n_ctx);
+    // KV-cache shape for n_slots sequences of n_ctx positions each, in a pool
+    // of kv_pages pages (0: every slot's whole context).
+    static backend::KvCacheShape kv_shape(const Model& model, int n_slots, int n_ctx, int kv_pages = 0);
 
     // Runs the batch; on success `logits` holds logits_for.size() rows of the
     // output head's rows (n_vocab; a tensor-parallel shard: its vocabulary rows).
@@ -76,6 +93,9 @@ public:
     int max_tokens() const override { return max_tokens_; }
     int n_slots() const override { return kv_.n_slots; }
     int n_ctx() const override { return kv_.n_ctx; }
+    int kv_page_size() const override { return kv_.page_size; }
+    int kv_pool_pages() const override { return kv_.pool_pages(); }
+    Status map_kv_pages(int slot, const std::vector<int32_t>& pages) override;
     size_t device_bytes() const override { return be_.device_bytes(); }
 
 private:
@@ -86,6 +106,7 @@ private:
     const Family* family_;
     int max_tokens_;
     backend::KvCacheShape kv_;
+    std::vector<int> mapped_pages_;  // per slot: its first pages that are mapped
     bool shard_ = false;
     backend::Tensor x_, h_, q_, k_, v_, att_, gate_, up_, sel_, logits_;
     backend::Tensor router_, experts_out_;  // mixtures of experts only

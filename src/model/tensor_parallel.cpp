@@ -271,7 +271,7 @@ size_t TpForward::device_bytes() const {
 
 Result<std::unique_ptr<TpForward>> TpForward::create(const Model& model, std::shared_ptr<backend::CommGroup> group,
                                                      const MakeBackend& make_backend, int max_tokens, int n_slots,
-                                                     int n_ctx, const LoadProgress& progress) {
+                                                     int n_ctx, const LoadProgress& progress, int kv_pages) {
     if (!group) return Error{"tensor parallel: no communication group"};
     const int n_ranks = group->size();
     auto plan = plan_tensor_parallel(model.hp, model, n_ranks);
@@ -283,6 +283,9 @@ Result<std::unique_ptr<TpForward>> TpForward::create(const Model& model, std::sh
     tp->n_slots_ = n_slots;
     tp->n_ctx_ = n_ctx;
     tp->group_ = group;
+    // Page ids are shared by every rank, so every pool has one size: fitting
+    // each rank's free memory could give different ones.
+    if (kv_pages == kKvPagesFit) kv_pages = 0;
 
     // Shards first (a plan that cannot be cut fails before any device is touched).
     size_t total_bytes = 0;
@@ -318,7 +321,7 @@ Result<std::unique_ptr<TpForward>> TpForward::create(const Model& model, std::sh
             auto registered = register_model(rp->model, *rp->be, told);
             if (!registered.ok()) return fail(registered.error().message);
             rp->model = std::move(*registered);
-            auto f = Forward::create(rp->model, *rp->be, max_tokens, n_slots, n_ctx);
+            auto f = Forward::create(rp->model, *rp->be, max_tokens, n_slots, n_ctx, kv_pages);
             if (!f.ok()) return fail(f.error().message);
             rp->fwd = std::move(*f);
             rp->fwd->set_shard(true);  // a failed all-reduce surfaces at the pass's end, from take_error
@@ -328,6 +331,16 @@ Result<std::unique_ptr<TpForward>> TpForward::create(const Model& model, std::sh
     for (auto& r : tp->ranks_)
         if (!r->status.ok()) return Error{r->status.message()};
     return tp;
+}
+
+int TpForward::kv_page_size() const { return ranks_.front()->fwd->kv_page_size(); }
+int TpForward::kv_pool_pages() const { return ranks_.front()->fwd->kv_pool_pages(); }
+
+// Host-side tables only: no rank is running a pass between calls of run().
+Status TpForward::map_kv_pages(int slot, const std::vector<int32_t>& pages) {
+    for (auto& r : ranks_)
+        if (Status s = r->fwd->map_kv_pages(slot, pages); !s.ok()) return s;
+    return {};
 }
 
 Status TpForward::run(const Batch& batch, std::vector<float>& logits) {

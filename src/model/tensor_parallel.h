@@ -81,7 +81,7 @@ public:
     // `progress` is told the bytes registered over all ranks.
     static Result<std::unique_ptr<TpForward>> create(const Model& model, std::shared_ptr<backend::CommGroup> group,
                                                      const MakeBackend& make_backend, int max_tokens, int n_slots,
-                                                     int n_ctx, const LoadProgress& progress = {});
+                                                     int n_ctx, const LoadProgress& progress = {}, int kv_pages = 0);
     ~TpForward() override;
 
     // As Forward::run: logits_for.size() rows of n_vocab.
@@ -89,6 +89,10 @@ public:
     int max_tokens() const override { return max_tokens_; }
     int n_slots() const override { return n_slots_; }
     int n_ctx() const override { return n_ctx_; }
+    int kv_page_size() const override;
+    int kv_pool_pages() const override;
+    // On every rank (each holds its heads' share of every page).
+    Status map_kv_pages(int slot, const std::vector<int32_t>& pages) override;
 
     const TpPlan& plan() const { return plan_; }
     int n_ranks() const { return plan_.n_ranks; }

@@ -138,18 +138,24 @@ Result<std::unique_ptr<Engine>> Engine::open(const std::string& path, const Engi
                      " tokens but the embedding only " + std::to_string(described->hp.n_vocab) + " rows"};
     const int n_ctx = options.n_ctx > 0 ? options.n_ctx : std::min(described->hp.n_ctx_train, 4096);
     const int max_batch = std::min(options.max_batch, std::max(n_ctx, 1) * options.n_slots);
+    if (options.kv_tokens < 0 || options.kv_tokens > (int64_t(1) << 32))
+        return Error{"the KV memory must be between 0 and 4294967296 tokens (got " +
+                     std::to_string(options.kv_tokens) + ")"};
+    const int kv_pages = options.kv_tokens > 0
+                             ? int((options.kv_tokens + backend::kKvPageSize - 1) / backend::kKvPageSize)
+                             : model::kKvPagesFit;
 
     if (options.tp == 1) {
         auto m = model::register_model(*described, *e->backend_, progress);
         if (!m.ok()) return m.error();
         e->model_ = std::move(*m);
-        auto fwd = model::Forward::create(e->model_, *e->backend_, max_batch, options.n_slots, n_ctx);
+        auto fwd = model::Forward::create(e->model_, *e->backend_, max_batch, options.n_slots, n_ctx, kv_pages);
         if (!fwd.ok()) return fwd.error();
         e->forward_ = std::move(*fwd);
     } else {
         e->model_ = std::move(*described);
         auto fwd = model::TpForward::create(e->model_, tp.group, tp.make_backend, max_batch, options.n_slots, n_ctx,
-                                            progress);
+                                            progress, kv_pages);
         if (!fwd.ok()) return fwd.error();
         e->forward_ = std::move(*fwd);
     }

@@ -32,6 +32,10 @@ struct EngineOptions {
     int threads = 0;       // CPU threads; 0 = all cores
     int n_ctx = 0;         // positions per sequence; 0 = the model's training context, capped at 4096
     int n_slots = 1;       // sequences held at once
+    // KV positions for all sequences together, in pages of backend::kKvPageSize
+    // (rounded up); at least n_ctx. 0: every sequence's whole context, or on
+    // a GPU whose free memory does not hold that, as much as it does.
+    int64_t kv_tokens = 0;
     int max_batch = 512;   // tokens per forward call
     // Told as weights are copied onto a device; never called for the cpu
     // backend, whose weights are the file's memory map and load at once.

@@ -16,15 +16,24 @@ double ms_between(Clock::time_point a, Clock::time_point b) {
 
 }  // namespace
 
-// One request in a slot: its prompt position, its sampling and text state.
+// One request in a slot: what it feeds the slot, its sampling and text state.
 struct Scheduler::Sequence {
-    Sequence(GenerationRequest r, const Engine& engine, int n_ctx)
-        : req(std::move(r)), stream(engine.tokenizer(), engine.n_vocab(), n_ctx, req.options, req.prompt) {}
+    Sequence(GenerationRequest r, const Engine& engine, int n_ctx, uint64_t admitted)
+        : req(std::move(r)),
+          order(admitted),
+          feed(req.prompt),
+          stream(engine.tokenizer(), engine.n_vocab(), n_ctx, req.options, req.prompt) {}
 
     GenerationRequest req;
-    size_t n_fed = 0;         // prompt tokens in the slot (reused prefix included)
-    bool decoding = false;    // the prompt is done; stream.next_token() is the next to feed
-    TokenStream stream;       // sampling, stop conditions and text of the generated tokens
+    uint64_t order;               // admission order: older sequences keep their pages first
+    // Tokens to put in the slot before the next sampling: the prompt, or
+    // after a pause everything the slot held. n_fed of them are there.
+    std::vector<int32_t> feed;
+    size_t n_fed = 0;
+    bool feed_wants_logits = true;  // the prompt's last token gives the first logits; a refill's none
+    bool decoding = false;        // fed; stream.next_token() is the next to feed
+    bool paused = false;          // holds no pages; fed again when pages are free
+    TokenStream stream;           // sampling, stop conditions and text of the generated tokens
     GenerateResult& result = stream.result();
     Clock::time_point t_admit, t_first;
 };
@@ -35,7 +44,10 @@ Scheduler::Scheduler(Engine& engine, SchedulerOptions options)
       n_slots_(engine.forward().n_slots()),
       n_ctx_(engine.n_ctx()),
       max_batch_(engine.forward().max_tokens()),
-      slots_(size_t(engine.forward().n_slots())) {
+      slots_(size_t(engine.forward().n_slots())),
+      pool_(engine.forward().kv_pool_pages(), engine.forward().kv_page_size()) {
+    stats_.kv_pages = pool_.n_pages();
+    stats_.kv_page_size = pool_.page_size();
     thread_ = std::thread([this] { loop(); });
 }
 
@@ -78,6 +90,93 @@ SchedulerStats Scheduler::stats() const {
     return stats_;
 }
 
+// --- KV pages -----------------------------------------------------------------
+
+int Scheduler::pages_for(size_t n_tokens) const {
+    return int((n_tokens + size_t(pool_.page_size()) - 1) / size_t(pool_.page_size()));
+}
+
+size_t Scheduler::start_feeding(Slot& slot) {
+    Sequence& s = *slot.seq;
+    const size_t P = size_t(pool_.page_size());
+    // A prompt's last token is always computed (its logits start the reply),
+    // so its page is never a shared one.
+    const size_t max_pages = s.feed_wants_logits ? (s.feed.size() - 1) / P : s.feed.size() / P;
+    slot.pages = pool_.match(s.feed.data(), s.feed.size(), max_pages);
+    slot.n_offered = slot.pages.size();
+    slot.remap = true;
+    s.n_fed = slot.pages.size() * P;
+    slot.cached.assign(s.feed.begin(), s.feed.begin() + int64_t(s.n_fed));
+    if (!s.feed_wants_logits && s.n_fed == s.feed.size()) s.decoding = true;  // a refill found whole
+    return s.n_fed;
+}
+
+bool Scheduler::grow(Slot& slot) {
+    if (slot.cached.size() < slot.pages.size() * size_t(pool_.page_size())) return true;
+    const std::optional<int32_t> page = pool_.take();
+    if (!page) return false;
+    slot.pages.push_back(*page);
+    slot.remap = true;
+    return true;
+}
+
+void Scheduler::offer_full_pages(Slot& slot) {
+    const size_t P = size_t(pool_.page_size());
+    for (size_t i = slot.n_offered; (i + 1) * P <= slot.cached.size(); ++i) {
+        pool_.keep(i > 0 ? slot.pages[i - 1] : KvPagePool::kNoPage, slot.cached.data() + i * P, slot.pages[i]);
+        slot.n_offered = i + 1;
+    }
+}
+
+void Scheduler::drop_pages(Slot& slot, bool keep_full) {
+    if (keep_full) offer_full_pages(slot);
+    for (int32_t page : slot.pages) pool_.release(page);
+    slot.pages.clear();
+    slot.cached.clear();
+    slot.n_offered = 0;
+    slot.remap = true;
+}
+
+void Scheduler::pause(Slot& slot) {
+    Sequence& s = *slot.seq;
+    if (s.decoding) {  // fed again: everything the slot held, with no logits wanted
+        s.feed = slot.cached;
+        s.feed_wants_logits = false;
+        s.decoding = false;
+    }
+    s.n_fed = 0;
+    s.paused = true;
+    drop_pages(slot, true);
+    ++n_paused_;
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.preemptions;
+}
+
+Scheduler::Slot& Scheduler::youngest_holder(Slot& needy) {
+    Slot* youngest = &needy;
+    for (Slot& slot : slots_)
+        if (slot.seq && !slot.pages.empty() && slot.seq->order > youngest->seq->order) youngest = &slot;
+    return *youngest;
+}
+
+// Paused sequences come back oldest first, each once the last step ran
+// without want of pages and the pool holds what it feeds and a page to grow.
+void Scheduler::resume_paused() {
+    while (n_paused_ > 0 && !short_of_pages_) {
+        Slot* oldest = nullptr;
+        for (Slot& slot : slots_)
+            if (slot.seq && slot.seq->paused && (!oldest || slot.seq->order < oldest->seq->order)) oldest = &slot;
+        if (pool_.available() < pages_for(oldest->seq->feed.size() + 1)) return;
+        oldest->seq->paused = false;
+        --n_paused_;
+        const size_t reused = start_feeding(*oldest);
+        std::lock_guard<std::mutex> lock(mu_);
+        stats_.prefix_tokens_reused += reused;
+    }
+}
+
+// --- admission and steps -------------------------------------------------------
+
 void Scheduler::admit_locked() {
     while (!queue_.empty()) {
         GenerationRequest& front = queue_.front();
@@ -90,49 +189,46 @@ void Scheduler::admit_locked() {
             if (r.callbacks.on_done) r.callbacks.on_done(res);
             continue;
         }
-        // The free slot sharing the longest prefix with the prompt, so a
-        // conversation's next turn reuses its K/V.
-        int best = -1;
-        size_t best_common = 0;
-        for (size_t i = 0; i < slots_.size(); ++i) {
-            if (slots_[i].seq) continue;
-            const std::vector<int32_t>& c = slots_[i].cached;
-            size_t common = 0;
-            while (common < c.size() && common < front.prompt.size() && c[common] == front.prompt[common]) ++common;
-            if (best < 0 || common > best_common) {
-                best = int(i);
-                best_common = common;
+        // Paused sequences first; then a prompt starts when the pool holds it
+        // and a page to grow (kept pages it will share count as available).
+        if (n_paused_ > 0 || short_of_pages_ || pool_.available() < pages_for(front.prompt.size() + 1)) return;
+        Slot* free_slot = nullptr;
+        for (Slot& slot : slots_)
+            if (!slot.seq) {
+                free_slot = &slot;
+                break;
             }
-        }
-        if (best < 0) return;
-        Slot& slot = slots_[size_t(best)];
-        // Always evaluate the last prompt token again to get its logits.
-        const size_t common = std::min(best_common, front.prompt.size() - 1);
-        slot.cached.resize(common);
-        auto seq = std::make_unique<Sequence>(std::move(front), engine_, n_ctx_);
+        if (!free_slot) return;
+        auto seq = std::make_unique<Sequence>(std::move(front), engine_, n_ctx_, next_order_++);
         queue_.pop_front();
-        seq->n_fed = common;
         seq->t_admit = Clock::now();
-        seq->result.n_prompt_total = int(seq->req.prompt.size());
-        seq->result.n_prompt = int(seq->req.prompt.size() - common);
-        slot.seq = std::move(seq);
+        free_slot->seq = std::move(seq);
         ++stats_.active_sequences;
+        stats_.prefix_tokens_reused += start_feeding(*free_slot);
+        Sequence& s = *free_slot->seq;
+        s.result.n_prompt_total = int(s.req.prompt.size());
+        s.result.n_prompt = int(s.req.prompt.size() - s.n_fed);
     }
 }
 
 void Scheduler::finish(Slot& slot, bool ok, const std::string& error) {
     std::unique_ptr<Sequence> seq = std::move(slot.seq);
+    if (seq->paused) --n_paused_;
+    // After a failed step what the slot's last pages hold is unknown: only
+    // pages offered before it stay kept.
+    drop_pages(slot, ok);
     const auto now = Clock::now();
     GenerateResult& r = seq->result;
     if (seq->decoding) r.generate_ms = ms_between(seq->t_first, now);
     {
         std::lock_guard<std::mutex> lock(mu_);
         --stats_.active_sequences;
+        stats_.kv_pages_held = pool_.held();
+        stats_.kv_pages_kept = pool_.kept();
         stats_.prompt_seconds += r.prompt_ms / 1000.0;
         stats_.generate_seconds += r.generate_ms / 1000.0;
     }
     if (!ok) {
-        slot.cached.clear();  // what the slot holds is unknown after a failed step
         if (seq->req.callbacks.on_error) seq->req.callbacks.on_error(error);
         return;
     }
@@ -156,36 +252,91 @@ bool Scheduler::step() {
             finish(slot, true, {});
         }
     }
+    resume_paused();
+
+    // The running sequences, oldest first: a sequence short of a page pauses
+    // the youngest one holding pages, so those already in the batch (older)
+    // keep theirs.
+    bool short_of_pages = false;  // some sequence waited for a page this step
+    std::vector<size_t> by_age;
+    for (size_t i = 0; i < slots_.size(); ++i)
+        if (slots_[i].seq && !slots_[i].seq->paused) by_age.push_back(i);
+    std::sort(by_age.begin(), by_age.end(),
+              [this](size_t a, size_t b) { return slots_[a].seq->order < slots_[b].seq->order; });
 
     model::Batch batch;
     std::vector<size_t> row_slot;  // slot of each logits row
     std::vector<size_t> in_batch;  // slots with tokens in this batch
     // Decoding sequences first: one token each keeps every stream moving.
-    for (size_t i = 0; i < slots_.size() && int(batch.size()) < max_batch_; ++i) {
+    for (size_t i : by_age) {
         Slot& slot = slots_[i];
-        if (!slot.seq || !slot.seq->decoding) continue;
+        if (int(batch.size()) >= max_batch_) break;
+        if (!slot.seq || slot.seq->paused || !slot.seq->decoding) continue;
+        bool grown = grow(slot);
+        while (!grown) {
+            short_of_pages = true;
+            Slot& victim = youngest_holder(slot);
+            pause(victim);
+            if (&victim == &slot) break;
+            grown = grow(slot);
+        }
+        if (!grown) continue;
         batch.add(slot.seq->stream.next_token(), int32_t(slot.cached.size()), int32_t(i), true);
         slot.cached.push_back(slot.seq->stream.next_token());
         row_slot.push_back(i);
         in_batch.push_back(i);
     }
-    // Then prompt chunks with the room left; a long prompt spans steps.
-    for (size_t i = 0; i < slots_.size() && int(batch.size()) < max_batch_; ++i) {
+    // Then prompt chunks with the room left; a long prompt spans steps. A
+    // chunk short of a page waits for one (pausing others only when nothing
+    // else can run, below).
+    for (size_t i : by_age) {
         Slot& slot = slots_[i];
-        if (!slot.seq || slot.seq->decoding) continue;
+        if (int(batch.size()) >= max_batch_) break;
+        if (!slot.seq || slot.seq->paused || slot.seq->decoding) continue;
         Sequence& s = *slot.seq;
         const size_t room = size_t(max_batch_) - batch.size();
-        const size_t n = std::min(room, s.req.prompt.size() - s.n_fed);
-        for (size_t j = 0; j < n; ++j) {
-            const bool last = s.n_fed + j + 1 == s.req.prompt.size();
-            batch.add(s.req.prompt[s.n_fed + j], int32_t(slot.cached.size()), int32_t(i), last);
-            slot.cached.push_back(s.req.prompt[s.n_fed + j]);
-            if (last) row_slot.push_back(i);
+        const size_t n = std::min(room, s.feed.size() - s.n_fed);
+        size_t j = 0;
+        for (; j < n; ++j) {
+            if (!grow(slot)) {
+                short_of_pages = true;
+                break;
+            }
+            const bool last = s.n_fed + j + 1 == s.feed.size();
+            const bool logits = last && s.feed_wants_logits;
+            batch.add(s.feed[s.n_fed + j], int32_t(slot.cached.size()), int32_t(i), logits);
+            slot.cached.push_back(s.feed[s.n_fed + j]);
+            if (logits) row_slot.push_back(i);
         }
-        s.n_fed += n;
+        if (j == 0) continue;
+        s.n_fed += j;
+        if (!s.feed_wants_logits && s.n_fed == s.feed.size()) s.decoding = true;  // refilled: go on decoding
         in_batch.push_back(i);
     }
-    if (batch.size() == 0) return false;
+    short_of_pages_ = short_of_pages;
+    if (batch.size() == 0) {
+        if (!short_of_pages) return false;
+        // Every running sequence waits for a page: the youngest holder gives
+        // its pages back (the oldest can always run: the pool holds a whole
+        // context).
+        Slot* youngest = nullptr;
+        for (Slot& slot : slots_)
+            if (slot.seq && !slot.pages.empty() && (!youngest || slot.seq->order > youngest->seq->order))
+                youngest = &slot;
+        if (youngest) pause(*youngest);
+        return youngest != nullptr;
+    }
+
+    for (size_t i = 0; i < slots_.size(); ++i) {
+        Slot& slot = slots_[i];
+        if (!slot.remap) continue;
+        if (Status st = engine_.forward().map_kv_pages(int(i), slot.pages); !st.ok()) {
+            // The pass refused pages the pool handed out: a bug; fail what runs in this slot.
+            if (slot.seq) finish(slot, false, "the KV pages could not be mapped: " + st.message());
+            return true;
+        }
+        slot.remap = false;
+    }
 
     std::vector<float> logits;
     const auto t_forward = Clock::now();
@@ -202,6 +353,7 @@ bool Scheduler::step() {
             if (slots_[i].seq) finish(slots_[i], false, "the forward pass failed: " + st.message());
         return true;
     }
+    for (size_t i : in_batch) offer_full_pages(slots_[i]);
 
     const size_t n_vocab = size_t(engine_.n_vocab());
     uint64_t new_prompt = 0, new_generated = 0;
@@ -224,6 +376,8 @@ bool Scheduler::step() {
     std::lock_guard<std::mutex> lock(mu_);
     stats_.prompt_tokens += new_prompt;
     stats_.generated_tokens += new_generated;
+    stats_.kv_pages_held = pool_.held();
+    stats_.kv_pages_kept = pool_.kept();
     stats_.host_seconds += ms_between(t_sample, Clock::now()) / 1000.0;
     return true;
 }

@@ -5,6 +5,15 @@
 // Each sequence has its own KV slot, sampler (seeded per request), streaming
 // detokenizer and stop matcher. Because the kernels are batch-invariant, a
 // request's greedy output does not depend on what it was batched with.
+//
+// KV memory is a pool of pages (runtime/kv_pages.h) that the slots share: a
+// sequence takes pages as it grows and gives them back when it ends; the
+// full pages of its prompt and reply stay kept, so a later prompt starting
+// with the same tokens maps them instead of computing them. When a page is
+// needed and none is free, the youngest sequence is paused: its pages go
+// back, and it is fed again (its prompt and what it generated, most of it
+// found kept) when pages are free, the oldest first. Its output is the same
+// as if it had never paused (prefill and decode give the same bits).
 // Callbacks run on the scheduler thread and must not block: servers push into
 // per-request queues that their own threads drain.
 #pragma once
@@ -23,6 +32,7 @@
 
 #include "base/result.h"
 #include "runtime/engine.h"
+#include "runtime/kv_pages.h"
 #include "runtime/session.h"
 
 namespace tern::runtime {
@@ -66,6 +76,12 @@ struct SchedulerStats {
     uint64_t steps = 0;              // forward calls
     double forward_seconds = 0;      // inside the forward calls of the steps
     double host_seconds = 0;         // the rest of the steps: batching, sampling, detokenizing, callbacks
+    int kv_pages = 0;                // the pool's pages (gauge)
+    int kv_pages_held = 0;           // pages some sequence holds (gauge)
+    int kv_pages_kept = 0;           // pages kept for their tokens, held or not (gauge)
+    int kv_page_size = 0;            // positions per page
+    uint64_t prefix_tokens_reused = 0;  // prompt tokens whose K/V came from kept pages
+    uint64_t preemptions = 0;        // sequences paused for want of pages
 };
 
 class Scheduler {
@@ -91,6 +107,9 @@ private:
     struct Sequence;
     struct Slot {
         std::vector<int32_t> cached;  // tokens whose K/V the slot holds, in order
+        std::vector<int32_t> pages;   // the pool pages holding them, held
+        size_t n_offered = 0;         // its first pages offered to the pool to keep
+        bool remap = true;            // pages changed since the pass was told
         std::unique_ptr<Sequence> seq;
     };
 
@@ -98,11 +117,27 @@ private:
     void admit_locked();
     bool step();  // false when there was nothing to do
     void finish(Slot& slot, bool ok, const std::string& error);
+    // KV pages (scheduler thread).
+    int pages_for(size_t n_tokens) const;
+    // Maps the kept pages holding the start of what the slot's sequence feeds;
+    // returns the tokens they hold.
+    size_t start_feeding(Slot& slot);
+    bool grow(Slot& slot);           // a page for the slot's next position; false when none is available
+    void offer_full_pages(Slot& slot);
+    void drop_pages(Slot& slot, bool keep_full);
+    void pause(Slot& slot);
+    // The youngest sequence holding pages, or `needy` when it is younger.
+    Slot& youngest_holder(Slot& needy);
+    void resume_paused();
 
     Engine& engine_;
     SchedulerOptions options_;
     int n_slots_, n_ctx_, max_batch_;
     std::vector<Slot> slots_;  // touched only by the scheduler thread (after construction)
+    KvPagePool pool_;          // likewise
+    uint64_t next_order_ = 0;  // admission order of the sequences
+    int n_paused_ = 0;
+    bool short_of_pages_ = false;  // the last step paused a sequence or left one waiting for a page
 
     mutable std::mutex mu_;
     std::condition_variable cv_;

@@ -42,10 +42,13 @@ const char* finish_name(runtime::FinishReason f) {
     return f == runtime::FinishReason::Length ? "length" : "stop";
 }
 
+// prompt_tokens_details.cached_tokens: the prompt's tokens whose K/V came from
+// kept pages (OpenAI's field for a reused prompt prefix).
 json usage_json(const runtime::GenerateResult& r) {
     return {{"prompt_tokens", r.n_prompt_total},
             {"completion_tokens", r.n_generated},
-            {"total_tokens", r.n_prompt_total + r.n_generated}};
+            {"total_tokens", r.n_prompt_total + r.n_generated},
+            {"prompt_tokens_details", {{"cached_tokens", r.n_prompt_total - r.n_prompt}}}};
 }
 
 json timings_json(const runtime::GenerateResult& r) {
@@ -458,6 +461,15 @@ std::string Server::metrics_text() {
     metric("tern_step_forward_seconds_total", "counter", "Seconds inside the steps' forward calls.", st.forward_seconds);
     metric("tern_step_host_seconds_total", "counter",
            "Seconds of the steps' own host work: batching, sampling, detokenizing, callbacks.", st.host_seconds);
+    metric("tern_kv_pages", "gauge", "Pages of the KV pool.", st.kv_pages);
+    metric("tern_kv_page_tokens", "gauge", "Positions per KV page.", st.kv_page_size);
+    metric("tern_kv_pages_held", "gauge", "KV pages held by running sequences.", st.kv_pages_held);
+    metric("tern_kv_pages_kept", "gauge", "KV pages kept for their tokens (prompt prefixes), held or not.",
+           st.kv_pages_kept);
+    metric("tern_prefix_tokens_reused_total", "counter", "Prompt tokens whose K/V came from kept pages.",
+           double(st.prefix_tokens_reused));
+    metric("tern_preemptions_total", "counter", "Sequences paused for want of KV pages (resumed later).",
+           double(st.preemptions));
     return out;
 }
 

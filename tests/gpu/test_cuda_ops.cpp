@@ -308,6 +308,40 @@ TEST_F(CudaOps, GatherRowsIsExact) {
 
 // --- kv_store --------------------------------------------------------------------
 
+// A paged cache of n_slots x n_ctx positions whose pages lie shuffled in a
+// pool with spare pages (backend.h): slot s's page i is pool page
+// table[s * per_slot + i]. `unmapped` slot pages stay -1.
+struct ShuffledPages {
+    static constexpr int P = backend::kKvPageSize;
+    int n_slots, n_ctx, per_slot, pool;
+    std::vector<int32_t> table;
+    ShuffledPages(int slots, int ctx, int spare, std::mt19937& rng, int unmapped = 0)
+        : n_slots(slots), n_ctx(ctx), per_slot((ctx + P - 1) / P), pool(slots * per_slot + spare) {
+        std::vector<int32_t> ids(static_cast<size_t>(pool));
+        for (int i = 0; i < pool; ++i) ids[size_t(i)] = i;
+        std::shuffle(ids.begin(), ids.end(), rng);
+        table.assign(ids.begin(), ids.begin() + int64_t(slots) * per_slot);
+        for (int i = 0; i < unmapped; ++i) table[table.size() - 1 - size_t(i)] = -1;
+    }
+    int32_t page(int s, int p) const { return table[size_t(s) * size_t(per_slot) + size_t(p / P)]; }
+    // The pool row of (slot, pos); the page must be mapped.
+    size_t row(int s, int p) const { return size_t(page(s, p)) * P + size_t(p % P); }
+    size_t rows() const { return size_t(pool) * P; }
+    cuda::KvLayer layer(uint16_t* k, uint16_t* v, const int32_t* dev_table, int n_kv_heads, int head_dim) const {
+        cuda::KvLayer l;
+        l.k = k;
+        l.v = v;
+        l.pages = dev_table;
+        l.n_slots = n_slots;
+        l.n_ctx = n_ctx;
+        l.n_kv_heads = n_kv_heads;
+        l.head_dim = head_dim;
+        l.page_size = P;
+        l.pages_per_slot = per_slot;
+        return l;
+    }
+};
+
 TEST_F(CudaOps, KvStoreRoundsLikeFp32ToFp16) {
     SCOPED_TRACE(seed_text());
     constexpr int kSlots = 3, kCtx = 64;
@@ -344,23 +378,29 @@ TEST_F(CudaOps, KvStoreRoundsLikeFp32ToFp16) {
             }
             slot.push_back(uniform_int(0, 1) ? kSlots : 0);
             pos.push_back(slot.back() == 0 ? kCtx : 0);
+            // The pages shuffled in a pool with spares; slot 2's last page
+            // unmapped, so a token there (also added) must be dropped too.
+            const ShuffledPages pages(kSlots, kCtx, 3, rng_, 1);
+            slot.push_back(kSlots - 1);
+            pos.push_back(kCtx - 1);
             const size_t rows = slot.size();
             std::vector<float> k(rows * width), v(rows * width);
             for (float& f : k) f = value();
             for (float& f : v) f = value();
 
-            DeviceBuffer<uint16_t> dk(size_t(kSlots) * kCtx * width), dv(size_t(kSlots) * kCtx * width);
+            DeviceBuffer<uint16_t> dk(pages.rows() * width), dv(pages.rows() * width);
             dk.poison();
             dv.poison();
             DeviceBuffer<float> dkin(k), dvin(v);
-            DeviceBuffer<int32_t> dslot(slot), dpos(pos);
-            cuda::KvLayer layer{dk.get(), dv.get(), kSlots, kCtx, n_kv, hd};
+            DeviceBuffer<int32_t> dslot(slot), dpos(pos), dtable(pages.table);
+            const cuda::KvLayer layer = pages.layer(dk.get(), dv.get(), dtable.get(), n_kv, hd);
             cuda::kv_store(layer, dkin.get(), dvin.get(), int64_t(rows), dslot.get(), dpos.get(), nullptr);
             ASSERT_NO_FATAL_FAILURE(sync_ok());
 
             std::vector<uint16_t> want_k(dk.size(), 0xffffu), want_v(dv.size(), 0xffffu);
             for (int t = 0; t < n_tokens; ++t) {
-                const size_t at = (size_t(slot[size_t(t)]) * kCtx + size_t(pos[size_t(t)])) * width;
+                if (pages.page(slot[size_t(t)], pos[size_t(t)]) < 0) continue;
+                const size_t at = pages.row(slot[size_t(t)], pos[size_t(t)]) * width;
                 for (size_t i = 0; i < width; ++i) {
                     want_k[at + i] = fp32_to_fp16(k[size_t(t) * width + i]);
                     want_v[at + i] = fp32_to_fp16(v[size_t(t) * width + i]);
@@ -432,8 +472,23 @@ TEST_F(CudaOps, AttentionMatchesCpu) {
         std::normal_distribution<float> nd(0.0f, 1.0f);
         for (uint16_t& h : k) h = fp32_to_fp16(nd(rng_));
         for (uint16_t& h : v) h = fp32_to_fp16(nd(rng_));
-        DeviceBuffer<uint16_t> dk(k), dv(v);
-        cuda::KvLayer layer{dk.get(), dv.get(), kSlots, kCtx, c.n_kv_heads, c.head_dim};
+        // On the device the rows lie in shuffled pages of a pool with spare
+        // (poisoned) pages; the CPU twin reads each slot's rows in order.
+        const ShuffledPages pages(kSlots, kCtx, 5, rng_);
+        DeviceBuffer<uint16_t> dk(pages.rows() * pos_stride), dv(pages.rows() * pos_stride);
+        {
+            std::vector<uint16_t> pk(dk.size(), 0x7e00u), pv(dv.size(), 0x7e00u);  // f16 NaN in spare pages
+            for (int s = 0; s < kSlots; ++s)
+                for (int p = 0; p < kCtx; ++p) {
+                    const size_t from = size_t(s) * slot_stride + size_t(p) * pos_stride, to = pages.row(s, p) * pos_stride;
+                    std::copy(k.begin() + int64_t(from), k.begin() + int64_t(from + pos_stride), pk.begin() + int64_t(to));
+                    std::copy(v.begin() + int64_t(from), v.begin() + int64_t(from + pos_stride), pv.begin() + int64_t(to));
+                }
+            dk.upload(pk);
+            dv.upload(pv);
+        }
+        DeviceBuffer<int32_t> dtable(pages.table);
+        const cuda::KvLayer layer = pages.layer(dk.get(), dv.get(), dtable.get(), c.n_kv_heads, c.head_dim);
         const size_t ws_floats = cuda::attention_workspace_bytes(kMaxBatch, c.n_heads, c.head_dim, kCtx) / sizeof(float);
         DeviceBuffer<float> workspace(ws_floats);
 
@@ -507,10 +562,11 @@ TEST_F(CudaOps, AttentionMatchesCpu) {
                 if (pos[t] >= kCtx) continue;
                 const size_t first = t * row + size_t(kvh) * size_t(group) * hd;  // first query head of the group
                 const int from = window > 0 ? std::max(0, pos[t] - window + 1) : 0;
-                const size_t at = size_t(slot[t]) * slot_stride + size_t(from) * pos_stride;
-                backend::cpu::attention_kv_group(q.data() + first, group, k.data() + at, v.data() + at,
-                                                 pos[t] + 1 - from, kvh, c.n_kv_heads, c.head_dim, scale,
-                                                 want.data() + first);
+                const size_t at = size_t(slot[t]) * slot_stride;
+                const backend::cpu::KvRows k_rows{k.data() + at, int64_t(pos_stride)};
+                const backend::cpu::KvRows v_rows{v.data() + at, int64_t(pos_stride)};
+                backend::cpu::attention_kv_group(q.data() + first, group, k_rows, v_rows, from, pos[t] + 1 - from, kvh,
+                                                 c.head_dim, scale, want.data() + first);
             }
 
             const double tol = 2e-5 * max_abs(want);

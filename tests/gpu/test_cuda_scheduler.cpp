@@ -2,10 +2,13 @@
 // scheduler over the CUDA backend gives each greedy request the tokens it gets
 // alone, with 80 requests of mixed prompt lengths (5 to 300 tokens, contexts
 // past several attention segments) arriving in waves at 64 slots, so decode
-// steps of up to 64 sequences, prefill chunks and queued arrivals all mix.
+// steps of up to 64 sequences, prefill chunks and queued arrivals all mix;
+// and again with prompts sharing prefixes over a KV pool too small for them
+// all (pages shared through the page tables, sequences paused and resumed).
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <future>
 #include <random>
@@ -40,6 +43,16 @@ struct SynthModel {
     ~SynthModel() { std::filesystem::remove(path); }
 };
 
+Result<std::unique_ptr<Engine>> open_cuda(const std::string& path, int64_t kv_tokens) {
+    EngineOptions o;
+    o.backend = "cuda";
+    o.n_slots = kSlots;
+    o.n_ctx = kCtx;
+    o.max_batch = 512;
+    o.kv_tokens = kv_tokens;
+    return Engine::open(path, o);
+}
+
 std::future<GenerateResult> submit(Scheduler& s, const std::vector<int32_t>& prompt) {
     auto promise = std::make_shared<std::promise<GenerateResult>>();
     GenerationRequest r;
@@ -61,12 +74,7 @@ TEST(CudaScheduler, SixtyFourSequencesGiveTheirSoloOutputs) {
     const uint64_t seed = test::run_seed();
     SCOPED_TRACE("seed " + std::to_string(seed));
     const SynthModel synth(seed);
-    EngineOptions o;
-    o.backend = "cuda";
-    o.n_slots = kSlots;
-    o.n_ctx = kCtx;
-    o.max_batch = 512;
-    auto engine = Engine::open(synth.path, o);
+    auto engine = open_cuda(synth.path, 0);
     ASSERT_TRUE(engine.ok()) << engine.error().message;
 
     std::mt19937_64 rng(seed);
@@ -104,6 +112,60 @@ TEST(CudaScheduler, SixtyFourSequencesGiveTheirSoloOutputs) {
     }
     // The requests did share steps: far fewer than their solo runs took.
     EXPECT_LT(steps, uint64_t(kRequests) * kMaxTokens / 4);
+}
+
+// 80 requests whose prompts start with one of three system prompts (40 to
+// 200 tokens) over a pool of 6,400 positions, a fifth of what they would
+// hold at once: kept pages are shared through the page tables, sequences
+// pause and resume, and every output is the one it gets alone in a pool
+// that holds everything.
+TEST(CudaScheduler, SharedPrefixesInATightPoolGiveTheirSoloOutputs) {
+    const uint64_t seed = test::run_seed() + 1;
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    const SynthModel synth(seed);
+    auto roomy = open_cuda(synth.path, 0);
+    ASSERT_TRUE(roomy.ok()) << roomy.error().message;
+    auto tight = open_cuda(synth.path, 6400);
+    ASSERT_TRUE(tight.ok()) << tight.error().message;
+    ASSERT_EQ((*tight)->forward().kv_pool_pages(), 200);
+
+    std::mt19937_64 rng(seed);
+    std::uniform_int_distribution<int32_t> tok(3, (*roomy)->n_vocab() - 1);
+    std::vector<std::vector<int32_t>> systems(3);
+    for (auto& p : systems) {
+        p.resize(size_t(40 + rng() % 161));
+        for (int32_t& t : p) t = tok(rng);
+    }
+    std::vector<std::vector<int32_t>> prompts(kRequests);
+    for (auto& p : prompts) {
+        p = systems[rng() % systems.size()];
+        const size_t tail = 1 + rng() % 100;
+        for (size_t i = 0; i < tail; ++i) p.push_back(tok(rng));
+    }
+
+    std::vector<std::vector<int32_t>> alone;
+    {
+        Scheduler s(**roomy, {});
+        for (const auto& p : prompts) alone.push_back(submit(s, p).get().tokens);
+    }
+    SchedulerOptions so;
+    so.max_queue = kRequests;
+    Scheduler s(**tight, so);
+    std::vector<std::future<GenerateResult>> pending;
+    for (int i = 0; i < kRequests; ++i) {
+        if (i > 0 && i % kWave == 0) std::this_thread::sleep_for(std::chrono::milliseconds(15));
+        pending.push_back(submit(s, prompts[size_t(i)]));
+    }
+    for (int i = 0; i < kRequests; ++i) {
+        SCOPED_TRACE("request " + std::to_string(i) + ", prompt of " + std::to_string(prompts[size_t(i)].size()));
+        EXPECT_EQ(pending[size_t(i)].get().tokens, alone[size_t(i)]) << "greedy tokens differ from the solo run";
+    }
+    const SchedulerStats st = s.stats();
+    EXPECT_GT(st.prefix_tokens_reused, 0u);
+    EXPECT_EQ(st.kv_pages_held, 0);
+    std::printf("[   INFO   ] %llu prompt tokens from kept pages, %llu pauses, %llu steps\n",
+                static_cast<unsigned long long>(st.prefix_tokens_reused),
+                static_cast<unsigned long long>(st.preemptions), static_cast<unsigned long long>(st.steps));
 }
 
 }  // namespace

@@ -177,7 +177,9 @@ def test_health_models_metrics_page(server):
     assert 'tern_requests_total{endpoint="/health",status="200"}' in text
     for name in ("tern_prompt_tokens_total", "tern_generated_tokens_total", "tern_queue_depth",
                  "tern_active_sequences", "tern_prompt_tokens_per_second", "tern_generation_tokens_per_second",
-                 "tern_step_forward_seconds_total", "tern_step_host_seconds_total"):
+                 "tern_step_forward_seconds_total", "tern_step_host_seconds_total", "tern_kv_pages",
+                 "tern_kv_page_tokens", "tern_kv_pages_held", "tern_kv_pages_kept",
+                 "tern_prefix_tokens_reused_total", "tern_preemptions_total"):
         assert re.search(rf"^{name} [0-9.e+]+$", text, re.M), name
 
 
@@ -523,6 +525,70 @@ def test_concurrent_streams_match_solo(server):
     assert not errors, errors
     for i, (a, b) in enumerate(zip(solo, results)):
         assert a == b, f"request {i} ({prompts[i]!r}): solo {a!r} vs concurrent {b!r}"
+
+
+def test_shared_prompt_prefix_is_reused(server):
+    client = openai_client(server)
+    system = "You answer in one word. " + random_text(60)  # several whole KV pages
+
+    def ask(question):
+        return client.chat.completions.create(
+            model="m", max_tokens=8, temperature=0,
+            messages=[{"role": "system", "content": system}, {"role": "user", "content": question}])
+
+    ask("Name a color. " + random_text(2))
+    question = "Name a fruit. " + random_text(2)
+    second = ask(question)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert 32 <= cached < second.usage.prompt_tokens, second.usage
+    assert cached % 32 == 0  # whole pages
+    # The answer is the one the whole prompt gives: computed fresh on a server
+    # that has never seen the system prompt.
+    fresh = TernServer("--parallel", "1", "--ctx", "512")
+    try:
+        alone = openai_client(fresh).chat.completions.create(
+            model="m", max_tokens=8, temperature=0,
+            messages=[{"role": "system", "content": system}, {"role": "user", "content": question}])
+    finally:
+        assert fresh.stop() == 0, "".join(fresh.log)
+    assert alone.usage.prompt_tokens_details.cached_tokens == 0
+    assert second.choices[0].message.content == alone.choices[0].message.content
+    status, text = server.request("GET", "/metrics")
+    reused = re.search(r"^tern_prefix_tokens_reused_total ([0-9.e+]+)$", text, re.M)
+    assert reused and float(reused.group(1)) >= cached
+
+
+def test_small_kv_pool_pauses_and_still_matches_solo():
+    # 12 clients on 6 slots of up to 256 tokens, over KV memory for 384 tokens
+    # in all: sequences wait and pause for pages; every answer is its solo one.
+    s = TernServer("--parallel", "6", "--ctx", "256", "--kv-tokens", "384")
+    try:
+        prompts = [f"{random_text(RNG.randrange(20, 60))}. Then" for _ in range(12)]
+        body = lambda p: {"prompt": p, "max_tokens": 48, "temperature": 0}
+        solo = [stream_completion(s, body(p)) for p in prompts]
+        results = [None] * len(prompts)
+        errors = []
+
+        def worker(i):
+            try:
+                results[i] = stream_completion(s, body(prompts[i]))
+            except Exception as e:  # reported below with the request index
+                errors.append((i, repr(e)))
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        assert not errors, errors
+        for i, (a, b) in enumerate(zip(solo, results)):
+            assert a == b, f"request {i} ({prompts[i]!r}): solo {a!r} vs concurrent {b!r}"
+        status, text = s.request("GET", "/metrics")
+        pages = re.search(r"^tern_kv_pages ([0-9.e+]+)$", text, re.M)
+        assert pages and float(pages.group(1)) == 12
+        assert re.search(r"^tern_preemptions_total [0-9.e+]+$", text, re.M)
+    finally:
+        assert s.stop() == 0, "".join(s.log)
 
 
 def test_queue_full_then_sigterm_ends_streams_and_exits_zero():

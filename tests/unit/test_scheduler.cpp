@@ -1,7 +1,9 @@
 // The continuous-batching scheduler on a small synthetic model: outputs of
 // requests run together equal their outputs run alone (and Session's), long
 // prompts are chunked across steps, cancellation frees the slot, a full queue
-// rejects, and prompts that do not fit the context are refused.
+// rejects, and prompts that do not fit the context are refused. With a KV
+// pool smaller than every slot's context, sequences pause and resume with
+// the outputs they have alone; prompts sharing a prefix share its pages.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -33,12 +35,13 @@ const std::string& synth_path() {
     return path;
 }
 
-std::unique_ptr<Engine> open_engine(int n_slots, int n_ctx, int max_batch) {
+std::unique_ptr<Engine> open_engine(int n_slots, int n_ctx, int max_batch, int64_t kv_tokens = 0) {
     EngineOptions o;
     o.threads = 2;
     o.n_slots = n_slots;
     o.n_ctx = n_ctx;
     o.max_batch = max_batch;
+    o.kv_tokens = kv_tokens;
     auto e = Engine::open(synth_path(), o);
     EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.error().message);
     return e.ok() ? std::move(*e) : nullptr;
@@ -267,6 +270,94 @@ TEST(Scheduler, RejectsPromptsThatDoNotFit) {
     GenerateResult r = edge.future.get();
     EXPECT_EQ(r.finish, FinishReason::Length);
     EXPECT_EQ(r.n_generated, 5);  // sampled from the logits at positions 59..63
+}
+
+// Four sequences whose contexts grow to 70-120 positions over a pool of 160
+// (five pages of 32): they cannot all hold their pages at once, so the
+// youngest pause and resume, fed again with what they had. Every output is
+// the one the sequence gives alone in a pool that holds everything.
+TEST(Scheduler, SmallPoolPausesAndResumesWithTheSameOutputs) {
+    const uint64_t seed = std::random_device{}();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937_64 rng(seed);
+    auto roomy = open_engine(4, 128, 32);
+    auto tight = open_engine(4, 128, 32, 160);
+    ASSERT_TRUE(roomy && tight);
+    ASSERT_EQ(tight->forward().kv_pool_pages(), 5);
+    std::vector<std::vector<int32_t>> prompts;
+    std::vector<GenerateOptions> opts;
+    for (int i = 0; i < 4; ++i) {
+        prompts.push_back(random_prompt(rng, roomy->n_vocab(), 30 + int(rng() % 40)));
+        GenerateOptions o = greedy(40 + int(rng() % 10));
+        if (i % 2 == 1) {
+            o.sampling = SamplerParams{};
+            o.sampling.temperature = 0.9f;
+            o.sampling.seed = rng();
+        }
+        opts.push_back(o);
+    }
+    std::vector<GenerateResult> alone;
+    {
+        Scheduler s(*roomy, {});
+        for (size_t i = 0; i < prompts.size(); ++i) alone.push_back(submit(s, prompts[i], opts[i]).future.get());
+    }
+    Scheduler s(*tight, {});
+    std::vector<Pending> ps;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        ps.push_back(submit(s, prompts[i], opts[i]));
+        ASSERT_EQ(ps.back().submitted.admission, Admission::Accepted);
+    }
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        SCOPED_TRACE("request " + std::to_string(i));
+        const GenerateResult r = ps[i].future.get();
+        EXPECT_EQ(r.tokens, alone[i].tokens);
+        EXPECT_EQ(r.text, alone[i].text);
+        EXPECT_EQ(r.finish, FinishReason::Length);
+    }
+    const SchedulerStats st = s.stats();
+    EXPECT_GT(st.preemptions, 0u) << "the pool should have run short";
+    EXPECT_EQ(st.kv_pages, 5);
+    EXPECT_EQ(st.kv_pages_held, 0);
+    EXPECT_EQ(st.active_sequences, 0);
+}
+
+// A prompt whose start another prompt computed maps its kept pages: only
+// the rest is evaluated, and the output is the one it gets computed whole.
+TEST(Scheduler, SharedPrefixReusesPages) {
+    const uint64_t seed = std::random_device{}();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937_64 rng(seed);
+    auto engine = open_engine(2, 256, 64);
+    ASSERT_TRUE(engine);
+    const int n_vocab = engine->n_vocab();
+    const std::vector<int32_t> system = random_prompt(rng, n_vocab, 75);  // two whole pages and 11 tokens
+    auto with_tail = [&](int n) {
+        std::vector<int32_t> p = system;
+        const std::vector<int32_t> tail = random_prompt(rng, n_vocab, n);
+        p.insert(p.end(), tail.begin(), tail.end());
+        return p;
+    };
+    const std::vector<int32_t> a = with_tail(9), b = with_tail(20);
+
+    GenerateResult b_whole;
+    {
+        Scheduler s(*engine, {});
+        b_whole = submit(s, b, greedy(12)).future.get();
+        EXPECT_EQ(b_whole.n_prompt, int(b.size()));
+    }
+    Scheduler s(*engine, {});
+    const GenerateResult ra = submit(s, a, greedy(12)).future.get();
+    EXPECT_EQ(ra.n_prompt, int(a.size()));  // nothing kept yet
+    const GenerateResult rb = submit(s, b, greedy(12)).future.get();
+    EXPECT_EQ(rb.n_prompt, int(b.size()) - 64);  // the system prompt's two whole pages were mapped
+    EXPECT_EQ(rb.tokens, b_whole.tokens);
+    EXPECT_EQ(s.stats().prefix_tokens_reused, 64u);
+    EXPECT_GE(s.stats().kv_pages_kept, 2);
+    // The same prompt again: every whole page but the one holding its last
+    // token (computed again for its logits).
+    const GenerateResult rb2 = submit(s, b, greedy(12)).future.get();
+    EXPECT_EQ(rb2.n_prompt, int(b.size()) - int((b.size() - 1) / 32 * 32));
+    EXPECT_EQ(rb2.tokens, b_whole.tokens);
 }
 
 }  // namespace

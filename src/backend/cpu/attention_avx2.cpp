@@ -96,8 +96,8 @@ void rescale_add(float* acc, float correction, float w, const float* v, size_t h
 
 }  // namespace
 
-void attention_tile_avx2(const AttentionTile& a, const uint16_t* k, const uint16_t* v, int kv_head, int n_kv_heads,
-                         int head_dim, float scale) {
+void attention_tile_avx2(const AttentionTile& a, const KvRows& k, const KvRows& v, int kv_head, int head_dim,
+                         float scale) {
     const size_t hd = size_t(head_dim), nq = size_t(a.n_q);
     TileSoftmax st(a, head_dim);
     const Blocking full = blocking(a.n_q);
@@ -107,8 +107,8 @@ void attention_tile_avx2(const AttentionTile& a, const uint16_t* k, const uint16
     for (int p0 = st.lo; p0 <= st.hi; p0 += max_positions) {
         const int np = std::min(max_positions, st.hi + 1 - p0);
         for (int p = 0; p < np; ++p) {
-            fp16_row_to_fp32(k + (int64_t(p0 + p) * n_kv_heads + kv_head) * head_dim, kf.data() + size_t(p) * hd, head_dim);
-            fp16_row_to_fp32(v + (int64_t(p0 + p) * n_kv_heads + kv_head) * head_dim, vf.data() + size_t(p) * hd, head_dim);
+            fp16_row_to_fp32(k.row(p0 + p) + int64_t(kv_head) * head_dim, kf.data() + size_t(p) * hd, head_dim);
+            fp16_row_to_fp32(v.row(p0 + p) + int64_t(kv_head) * head_dim, vf.data() + size_t(p) * hd, head_dim);
         }
         for (size_t j0 = 0; j0 < nq; j0 += size_t(full.heads)) {
             const int nb = int(std::min(nq - j0, size_t(full.heads)));

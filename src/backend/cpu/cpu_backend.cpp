@@ -1,9 +1,10 @@
 // The CPU backend: weights used in place from the GGUF mapping, activations in
-// host memory, OpenMP threads over independent rows, an f16 KV cache laid out
-// [layer][slot][pos][kv_head][head_dim].
+// host memory, OpenMP threads over independent rows, an f16 KV cache of pages
+// laid out [layer][page][pos in page][kv_head][head_dim].
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <deque>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/kv_page_table.h"
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/ops.h"
 #include "backend/host_group.h"
@@ -64,11 +66,14 @@ public:
     Status init_kv_cache(const KvCacheShape& s) override {
         if (s.n_layers < 1 || s.n_slots < 1 || s.n_ctx < 1 || s.n_kv_heads < 1 || s.head_dim < 1)
             return Error{"kv cache: every dimension must be positive"};
+        if (s.page_size < 1 || (s.page_size & (s.page_size - 1)) != 0)
+            return Error{"kv cache: pages of " + std::to_string(s.page_size) + " positions (not a power of two)"};
         try {
             kv_shape_ = s;
             const size_t half = s.bytes() / 2 / sizeof(uint16_t);
             k_.assign(half, 0);
             v_.assign(half, 0);
+            pages_.init(s);
         } catch (const std::bad_alloc&) {
             return Error{"kv cache: out of memory for " + std::to_string(s.bytes()) + " bytes"};
         }
@@ -80,6 +85,10 @@ public:
     }
     void download(Tensor src, float* host) override {
         std::memcpy(host, src.data, size_t(src.rows * src.cols) * sizeof(float));
+    }
+
+    void map_kv_pages(int slot, const std::vector<int32_t>& pages) override {
+        if (Status st = pages_.map(slot, pages); !st.ok()) note(st);
     }
 
     void set_batch(const BatchLayout& layout) override { layout_ = layout; }
@@ -137,7 +146,9 @@ public:
         const int64_t width = int64_t(kv_shape_.n_kv_heads) * kv_shape_.head_dim;
 #pragma omp parallel for schedule(static) if (k.rows > 1)
         for (int64_t t = 0; t < k.rows; ++t) {
-            const size_t at = kv_offset(layer, layout_.slot[size_t(t)], layout_.pos[size_t(t)]);
+            const int32_t page = pages_.page(layout_.slot[size_t(t)], layout_.pos[size_t(t)]);
+            if (page == KvPageTable::kUnmapped) continue;  // the forward pass refuses such batches
+            const size_t at = kv_offset(layer, page, layout_.pos[size_t(t)] % kv_shape_.page_size);
             for (int64_t i = 0; i < width; ++i) {
                 k_[at + size_t(i)] = fp32_to_fp16(k.row(t)[i]);
                 v_[at + size_t(i)] = fp32_to_fp16(v.row(t)[i]);
@@ -172,15 +183,19 @@ public:
                 first[t] = window > 0 ? std::max(0, last[t] - window + 1) : 0;
             }
             const int64_t head0 = int64_t(kvh) * group * s.head_dim;  // first query head of the group
+            const int32_t* table = pages_.slot_pages(layout_.slot[size_t(t0)]);
+            const size_t layer0 = kv_offset(layer, 0, 0);
+            const int64_t row_stride = int64_t(s.n_kv_heads) * s.head_dim;
+            const int shift = std::countr_zero(unsigned(s.page_size));  // a power of two (init_kv_cache)
+            const cpu::KvRows k{k_.data() + layer0, row_stride, table, shift};
+            const cpu::KvRows v{v_.data() + layer0, row_stride, table, shift};
             if (n_t == 1) {  // decode: the one-token form, the same bits, faster alone
-                const size_t at = kv_offset(layer, layout_.slot[size_t(t0)], first[0]);
-                cpu::attention_kv_group(q.row(t0) + head0, group, k_.data() + at, v_.data() + at, last[0] + 1 - first[0],
-                                        kvh, s.n_kv_heads, s.head_dim, scale, out.row(t0) + head0);
+                cpu::attention_kv_group(q.row(t0) + head0, group, k, v, first[0], last[0] + 1 - first[0], kvh,
+                                        s.head_dim, scale, out.row(t0) + head0);
                 continue;
             }
-            const size_t at = kv_offset(layer, layout_.slot[size_t(t0)], 0);
             const cpu::AttentionTile a{q.row(t0) + head0, q.cols, n_t, group, first, last, out.row(t0) + head0, out.cols};
-            cpu::attention_tile(a, k_.data() + at, v_.data() + at, kvh, s.n_kv_heads, s.head_dim, scale);
+            cpu::attention_tile(a, k, v, kvh, s.head_dim, scale);
         }
     }
 
@@ -324,9 +339,10 @@ private:
         if (error_.ok()) error_ = s;
     }
 
-    size_t kv_offset(int layer, int slot, int pos) const {
+    // Halves before row `row` of pool page `page` in `layer`'s K (or V).
+    size_t kv_offset(int layer, int32_t page, int row) const {
         const KvCacheShape& s = kv_shape_;
-        return ((size_t(layer) * size_t(s.n_slots) + size_t(slot)) * size_t(s.n_ctx) + size_t(pos)) *
+        return ((size_t(layer) * size_t(s.pool_pages()) + size_t(page)) * size_t(s.page_size) + size_t(row)) *
                size_t(s.n_kv_heads) * size_t(s.head_dim);
     }
 
@@ -348,6 +364,7 @@ private:
     cpu::MatmulOptions matmul_opt_;
     KvCacheShape kv_shape_;
     std::vector<uint16_t> k_, v_;
+    KvPageTable pages_;
     BatchLayout layout_;
     std::vector<int64_t> tiles_;  // attention: the first batch token of each tile
     Status error_;

@@ -124,19 +124,19 @@ void detail::fp16_row_to_fp32(const uint16_t* src, float* dst, int n) {
     for (int i = 0; i < n; ++i) dst[i] = fp16_to_fp32(src[i]);
 }
 
-void attention_tile(const AttentionTile& a, const uint16_t* k, const uint16_t* v, int kv_head, int n_kv_heads,
-                    int head_dim, float scale, quant::SimdPath path) {
+void attention_tile(const AttentionTile& a, const KvRows& k, const KvRows& v, int kv_head, int head_dim, float scale,
+                    quant::SimdPath path) {
 #if defined(__x86_64__)
     if (path != quant::SimdPath::scalar && quant::simd_path_available(quant::SimdPath::avx2))
-        return detail::attention_tile_avx2(a, k, v, kv_head, n_kv_heads, head_dim, scale);
+        return detail::attention_tile_avx2(a, k, v, kv_head, head_dim, scale);
 #endif
     constexpr int T = kAttentionTileTokens;
     const size_t hd = static_cast<size_t>(head_dim), nq = static_cast<size_t>(a.n_q);
     detail::TileSoftmax st(a, head_dim);
     std::vector<float> kf(hd), vf(hd);
     for (int p = st.lo; p <= st.hi; ++p) {
-        detail::fp16_row_to_fp32(k + (int64_t(p) * n_kv_heads + kv_head) * head_dim, kf.data(), head_dim);
-        detail::fp16_row_to_fp32(v + (int64_t(p) * n_kv_heads + kv_head) * head_dim, vf.data(), head_dim);
+        detail::fp16_row_to_fp32(k.row(p) + int64_t(kv_head) * head_dim, kf.data(), head_dim);
+        detail::fp16_row_to_fp32(v.row(p) + int64_t(kv_head) * head_dim, vf.data(), head_dim);
         for (size_t j = 0; j < nq; ++j) {
             float dot[T] = {};
             const float* qj = st.qt.data() + j * hd * T;
@@ -191,23 +191,23 @@ void TileSoftmax::write(const AttentionTile& a, int head_dim) const {
 
 }  // namespace detail
 
-void attention_kv_group(const float* q, int n_q, const uint16_t* k, const uint16_t* v, int n_pos, int kv_head,
-                        int n_kv_heads, int head_dim, float scale, float* out, quant::SimdPath path) {
+void attention_kv_group(const float* q, int n_q, const KvRows& k, const KvRows& v, int first, int n_pos, int kv_head,
+                        int head_dim, float scale, float* out, quant::SimdPath path) {
 #if defined(__x86_64__)
     if (n_pos > 0 && path != quant::SimdPath::scalar && quant::simd_path_available(quant::SimdPath::avx2)) {
-        const int first = 0, last = n_pos - 1;
+        const int last = first + n_pos - 1;
         const int64_t row = int64_t(n_q) * head_dim;
         return detail::attention_tile_avx2(AttentionTile{q, row, 1, n_q, &first, &last, out, row}, k, v, kv_head,
-                                           n_kv_heads, head_dim, scale);
+                                           head_dim, scale);
     }
 #endif
     const size_t hd = static_cast<size_t>(head_dim);
     std::vector<float> kf(hd), vf(hd), acc(hd * size_t(n_q), 0.0f);
     // Per query head: running max m, running denominator l, running numerator acc.
     std::vector<float> m(static_cast<size_t>(n_q), -INFINITY), l(static_cast<size_t>(n_q), 0.0f);
-    for (int p = 0; p < n_pos; ++p) {
-        detail::fp16_row_to_fp32(k + (int64_t(p) * n_kv_heads + kv_head) * head_dim, kf.data(), head_dim);
-        detail::fp16_row_to_fp32(v + (int64_t(p) * n_kv_heads + kv_head) * head_dim, vf.data(), head_dim);
+    for (int p = first; p < first + n_pos; ++p) {
+        detail::fp16_row_to_fp32(k.row(p) + int64_t(kv_head) * head_dim, kf.data(), head_dim);
+        detail::fp16_row_to_fp32(v.row(p) + int64_t(kv_head) * head_dim, vf.data(), head_dim);
         for (int j = 0; j < n_q; ++j) {
             const float* qj = q + size_t(j) * hd;
             float dot = 0.0f;

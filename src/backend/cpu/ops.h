@@ -34,24 +34,38 @@ void scale(float* x, float s, int64_t n);
 // summed in j order. 1 <= k <= n_expert.
 void route_top_k(const float* logits, int n_expert, int k, int32_t* ids, float* weights);
 
+// A sequence's cached K (or V) rows, f16 [n_kv_heads][head_dim] a position:
+// position p's row lies in page pages[p >> page_shift] of the pool at base,
+// at row p mod 2^page_shift; without pages, rows follow each other from base.
+struct KvRows {
+    const uint16_t* base = nullptr;
+    int64_t row_stride = 0;          // halves from one position to the next
+    const int32_t* pages = nullptr;  // the sequence's page table, or null
+    int page_shift = 0;              // log2 of the positions per page
+    const uint16_t* row(int p) const {
+        if (!pages) return base + int64_t(p) * row_stride;
+        const int64_t in_page = p & ((1 << page_shift) - 1);
+        return base + ((int64_t(pages[p >> page_shift]) << page_shift) + in_page) * row_stride;
+    }
+};
+
 // Attention of the n_q query heads that share KV head kv_head (q and out hold
-// them back to back) over a run of cached positions: K and V are f16 laid out
-// [pos][n_kv_heads][head_dim]. Each position's K and V rows are converted once
-// for the whole group. Online softmax, so memory stays O(head_dim) whatever the
-// context length; every sum runs in position and element order.
+// them back to back) over cached positions first..first+n_pos-1. Each
+// position's K and V rows are converted once for the whole group. Online
+// softmax, so memory stays O(head_dim) whatever the context length; every sum
+// runs in position and element order.
 // path: the portable form (scalar), or on AVX2 a tile of this one token (the
 // same bits, attention_avx2.cpp); by default the best the CPU has.
-void attention_kv_group(const float* q, int n_q, const uint16_t* k, const uint16_t* v, int n_pos, int kv_head,
-                        int n_kv_heads, int head_dim, float scale, float* out,
-                        quant::SimdPath path = quant::simd_path_best());
+void attention_kv_group(const float* q, int n_q, const KvRows& k, const KvRows& v, int first, int n_pos, int kv_head,
+                        int head_dim, float scale, float* out, quant::SimdPath path = quant::simd_path_best());
 
 // The same for up to kAttentionTileTokens query tokens of one sequence at
 // once (a prefill tile): token t's n_q heads at q + t * q_stride, its output
-// at out + t * out_stride, over positions first[t]..last[t] of k and v (the
-// sequence's cache from position 0). Each position's K and V rows are
-// converted once for the tile, and its q·k for the tile's tokens are summed
-// side by side; every token gets the bits attention_kv_group gives it alone
-// (the portable one-token form: on AVX2 a single token runs as a tile of one).
+// at out + t * out_stride, over positions first[t]..last[t] of k and v. Each
+// position's K and V rows are converted once for the tile, and its q·k for
+// the tile's tokens are summed side by side; every token gets the bits
+// attention_kv_group gives it alone (the portable one-token form: on AVX2 a
+// single token runs as a tile of one).
 constexpr int kAttentionTileTokens = 8;
 struct AttentionTile {
     const float* q;
@@ -64,8 +78,8 @@ struct AttentionTile {
 };
 // path: the portable form (scalar) or its AVX2 schedule, the same bits
 // (attention_avx2.cpp); by default the best the CPU has.
-void attention_tile(const AttentionTile& tile, const uint16_t* k, const uint16_t* v, int kv_head, int n_kv_heads,
-                    int head_dim, float scale, quant::SimdPath path = quant::simd_path_best());
+void attention_tile(const AttentionTile& tile, const KvRows& k, const KvRows& v, int kv_head, int head_dim,
+                    float scale, quant::SimdPath path = quant::simd_path_best());
 
 namespace detail {
 // dst[i] = the f16 src[i] as f32 (F16C where the CPU has it: the same values).
@@ -83,8 +97,8 @@ struct TileSoftmax {
     // Each token's heads: acc / l (0 where no position was seen).
     void write(const AttentionTile& tile, int head_dim) const;
 };
-void attention_tile_avx2(const AttentionTile& tile, const uint16_t* k, const uint16_t* v, int kv_head,
-                         int n_kv_heads, int head_dim, float scale);
+void attention_tile_avx2(const AttentionTile& tile, const KvRows& k, const KvRows& v, int kv_head, int head_dim,
+                         float scale);
 }  // namespace detail
 
 }  // namespace tern::backend::cpu

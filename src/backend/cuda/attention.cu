@@ -65,6 +65,7 @@ using attn::merge_weights;
 using attn::MergeWeights;
 using attn::Partials;
 using attn::slot_rows;
+using attn::SlotRows;
 
 constexpr int kWarp = 32;
 constexpr unsigned kFullMask = 0xffffffffu;
@@ -280,14 +281,14 @@ __device__ void accumulate_chunk(float w, const Rows& v_rows, int lo, int n_vali
 // Positions max(first, begin)..end-1 (begin a multiple of kChunk) read from
 // global memory, in chunks aligned to begin.
 template <int D>
-__device__ void attend_global(const float (&q)[D], const uint16_t* k_rows, const uint16_t* v_rows, int64_t stride,
-                              int first, int begin, int end, float scale, int lane, Softmax<D>& st) {
+__device__ void attend_global(const float (&q)[D], const SlotRows& k_rows, const SlotRows& v_rows, int first, int begin,
+                              int end, float scale, int lane, Softmax<D>& st) {
     for (int p0 = begin; p0 < end; p0 += kChunk) {
         if (p0 + kChunk <= first) continue;  // wholly before the window
         const int lo = max(0, first - p0);
         const int n_valid = min(kChunk, end - p0);
-        const float w = score_chunk<D>(q, GlobalRows{k_rows + p0 * stride, stride}, lo, n_valid, scale, lane, st);
-        accumulate_chunk<D>(w, GlobalRows{v_rows + p0 * stride, stride}, lo, n_valid, lane, st);
+        const float w = score_chunk<D>(q, GlobalRows{k_rows.chunk(p0), k_rows.stride}, lo, n_valid, scale, lane, st);
+        accumulate_chunk<D>(w, GlobalRows{v_rows.chunk(p0), v_rows.stride}, lo, n_valid, lane, st);
     }
 }
 
@@ -308,11 +309,11 @@ __device__ void merge_segment(Softmax<D>& total, Softmax<D>& seg) {
 // Positions first..end-1 segment by segment (segments before first's skipped:
 // they hold no position), merged into total.
 template <int D>
-__device__ void attend_segments(const float (&q)[D], const uint16_t* k_rows, const uint16_t* v_rows, int64_t stride,
-                                int first, int end, int seg_len, float scale, int lane, Softmax<D>& total) {
+__device__ void attend_segments(const float (&q)[D], const SlotRows& k_rows, const SlotRows& v_rows, int first,
+                                int end, int seg_len, float scale, int lane, Softmax<D>& total) {
     for (int begin = first / seg_len * seg_len; begin < end; begin += seg_len) {
         Softmax<D> st;
-        attend_global<D>(q, k_rows, v_rows, stride, first, begin, min(end, begin + seg_len), scale, lane, st);
+        attend_global<D>(q, k_rows, v_rows, first, begin, min(end, begin + seg_len), scale, lane, st);
         merge_segment<D>(total, st);
     }
 }
@@ -358,14 +359,13 @@ __global__ void __launch_bounds__(kMaxWarps * kWarp, 2)
         return;
     }
     const int first = context_first(last, sh.window);
-    const uint16_t* k_rows = slot_rows(kv.k, kv, s, kvh);
-    const uint16_t* v_rows = slot_rows(kv.v, kv, s, kvh);
-    const int64_t stride = int64_t(kv.n_kv_heads) * hd;
+    const SlotRows k_rows = slot_rows(kv.k, kv, s, kvh);
+    const SlotRows v_rows = slot_rows(kv.v, kv, s, kvh);
     float qr[D];
     if (part.acc == nullptr) {
         load_q<D>(q + row * hd, lane, qr);
         Softmax<D> total;
-        attend_segments<D>(qr, k_rows, v_rows, stride, first, last + 1, sh.seg_len, sh.scale, lane, total);
+        attend_segments<D>(qr, k_rows, v_rows, first, last + 1, sh.seg_len, sh.scale, lane, total);
         write_output<D>(total, out + row * hd, lane);
     } else {
         const int begin = int(blockIdx.y) * sh.seg_len;
@@ -374,7 +374,7 @@ __global__ void __launch_bounds__(kMaxWarps * kWarp, 2)
         const int end = min(last + 1, begin + sh.seg_len);  // begin + seg_len <= n_seg * seg_len: no overflow
         load_q<D>(q + row * hd, lane, qr);
         Softmax<D> st;
-        attend_global<D>(qr, k_rows, v_rows, stride, first, begin, end, sh.scale, lane, st);
+        attend_global<D>(qr, k_rows, v_rows, first, begin, end, sh.scale, lane, st);
         const int64_t r = row * part.n_seg + blockIdx.y;
 #pragma unroll
         for (int c = 0; c < D; ++c) part.acc[r * hd + lane * D + c] = st.acc[c];
@@ -385,14 +385,15 @@ __global__ void __launch_bounds__(kMaxWarps * kWarp, 2)
     }
 }
 
-// Copies rows p0..p0+n-1 of one slot's K or V (f16, global) to tile as f32,
-// 16 bytes per load, all threads of the CTA taking part.
-__device__ void stage_rows(const uint16_t* rows, int64_t stride, int p0, int n, int hd, float* tile) {
+// Copies rows p0..p0+n-1 (a chunk) of one slot's K or V (f16, global) to
+// tile as f32, 16 bytes per load, all threads of the CTA taking part.
+__device__ void stage_rows(const SlotRows& rows, int p0, int n, int hd, float* tile) {
+    const uint16_t* chunk = rows.chunk(p0);
     const int per_row = hd / 8;
     for (int i = int(threadIdx.x); i < n * per_row; i += int(blockDim.x)) {
         const int j = i / per_row, c = i % per_row;
         float x[8];
-        load_halves<8>(rows + (p0 + j) * stride + c * 8, x);
+        load_halves<8>(chunk + j * rows.stride + c * 8, x);
         float4* dst = reinterpret_cast<float4*>(tile + j * hd + c * 8);
         dst[0] = make_float4(x[0], x[1], x[2], x[3]);
         dst[1] = make_float4(x[4], x[5], x[6], x[7]);
@@ -510,7 +511,6 @@ __global__ void __launch_bounds__(kPrefillWarps * kWarp)
     __syncthreads();
     if (tile_slot < 0) return;  // no token of the tile in the cache (CTA-uniform)
 
-    const int64_t stride = int64_t(kv.n_kv_heads) * hd;
     float qr[T][D];
     Softmax<D> total[T];  // the merge of each token's finished segments
 #pragma unroll
@@ -521,13 +521,13 @@ __global__ void __launch_bounds__(kPrefillWarps * kWarp)
         for (int i = 0; i < T; ++i)
             if (end[i] > 0) {
                 const int32_t s = slot[first + i];
-                attend_segments<D>(qr[i], slot_rows(kv.k, kv, s, kvh), slot_rows(kv.v, kv, s, kvh), stride,
-                                   begin[i], end[i], sh.seg_len, sh.scale, lane, total[i]);
+                attend_segments<D>(qr[i], slot_rows(kv.k, kv, s, kvh), slot_rows(kv.v, kv, s, kvh), begin[i], end[i],
+                                   sh.seg_len, sh.scale, lane, total[i]);
             }
     } else {
         Softmax<D> st[T];  // the current segment's state
-        const uint16_t* k_rows = slot_rows(kv.k, kv, tile_slot, kvh);
-        const uint16_t* v_rows = slot_rows(kv.v, kv, tile_slot, kvh);
+        const SlotRows k_rows = slot_rows(kv.k, kv, tile_slot, kvh);
+        const SlotRows v_rows = slot_rows(kv.v, kv, tile_slot, kvh);
         const SmemRows rows{tile, hd};
         int warp_end = 0;  // warp-uniform
 #pragma unroll
@@ -541,7 +541,7 @@ __global__ void __launch_bounds__(kPrefillWarps * kWarp)
                 for (int i = 0; i < T; ++i) merge_segment<D>(total[i], st[i]);
             }
             __syncthreads();  // every warp is done with the previous V
-            stage_rows(k_rows, stride, p0, n, hd, tile);
+            stage_rows(k_rows, p0, n, hd, tile);
             __syncthreads();
             int lo[T] = {}, n_valid[T] = {};
             float w[T] = {};
@@ -559,7 +559,7 @@ __global__ void __launch_bounds__(kPrefillWarps * kWarp)
                 }
             }
             __syncthreads();  // every warp is done with K
-            stage_rows(v_rows, stride, p0, n, hd, tile);
+            stage_rows(v_rows, p0, n, hd, tile);
             __syncthreads();
             if (mine) {
                 // acc += w_j * V row j, j in order, for each token whose context holds j.

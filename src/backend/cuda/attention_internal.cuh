@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "backend/backend.h"
 #include "backend/cuda/ops.h"
 
 namespace tern::cuda::attn {
@@ -51,10 +52,27 @@ __device__ __forceinline__ bool in_cache(const KvLayer& kv, int32_t slot, int32_
     return slot >= 0 && slot < kv.n_slots && pos >= 0 && pos < kv.n_ctx;
 }
 
-// K or V row 0 of (slot, kv head); rows follow every n_kv_heads * head_dim halves.
-__device__ __forceinline__ const uint16_t* slot_rows(const uint16_t* cache, const KvLayer& kv, int32_t slot, int kvh) {
+// One slot's K or V rows of one KV head, through its page table. Chunks of
+// 32 positions start at multiples of 32 and pages hold a multiple of 32
+// positions, so a chunk's rows lie in one page, `stride` halves apart.
+struct SlotRows {
+    const uint16_t* cache;  // the layer's pool, offset to the KV head's dims
+    const int32_t* pages;   // the slot's page table
+    int page_size;
+    int64_t stride;         // halves between rows: n_kv_heads * head_dim
+    // Row p0 (a multiple of 32) of the slot; the chunk's others follow it.
+    __device__ __forceinline__ const uint16_t* chunk(int p0) const {
+        // The host refuses batches that reach unmapped pages; a -1 read as
+        // page 0 keeps a bug inside the pool.
+        const int32_t page = max(pages[p0 / page_size], 0);
+        return cache + (int64_t(page) * page_size + p0 % page_size) * stride;
+    }
+};
+static_assert(backend::kKvPageSize % 32 == 0, "a 32-position chunk must lie in one page");
+
+__device__ __forceinline__ SlotRows slot_rows(const uint16_t* cache, const KvLayer& kv, int32_t slot, int kvh) {
     const int64_t stride = int64_t(kv.n_kv_heads) * kv.head_dim;
-    return cache + int64_t(slot) * kv.n_ctx * stride + int64_t(kvh) * kv.head_dim;
+    return {cache + int64_t(kvh) * kv.head_dim, kv.pages + int64_t(slot) * kv.pages_per_slot, kv.page_size, stride};
 }
 
 // Whether the tensor-core kernel takes this shape: head dims 32, 64, 96 and

@@ -67,15 +67,16 @@ __device__ __forceinline__ void split_pair(float a, float b, unsigned& hi, unsig
     lo = half2_bits(__floats2half2_rn(__fsub_rn(a, back.x), __fsub_rn(b, back.y)));
 }
 
-// Starts copying rows c0..c0+n-1 of K or V (f16, global) into a chunk tile
-// of pitch P halves, 16 bytes per cp.async; rows n..kChunk-1 become zeros
-// (a zero-byte source fills them). The caller commits and waits.
+// Starts copying rows c0..c0+n-1 (a chunk) of K or V (f16, global) into a
+// chunk tile of pitch P halves, 16 bytes per cp.async; rows n..kChunk-1
+// become zeros (a zero-byte source fills them). The caller commits and waits.
 template <int HD, int P>
-__device__ void stage_async(const uint16_t* rows, int64_t stride, int c0, int n, uint16_t* tile) {
+__device__ void stage_async(const SlotRows& rows, int c0, int n, uint16_t* tile) {
     constexpr int per_row = HD / 8;  // 16-byte pieces
+    const uint16_t* chunk = rows.chunk(c0);
     for (int i = int(threadIdx.x); i < kChunk * per_row; i += int(blockDim.x)) {
         const int j = i / per_row, c = i % per_row;
-        const uint16_t* src = rows + int64_t(c0 + (j < n ? j : 0)) * stride + c * 8;
+        const uint16_t* src = chunk + int64_t(j < n ? j : 0) * rows.stride + c * 8;
         cp_async16(tile + j * P + c * 8, src, j < n ? 16 : 0);
     }
 }
@@ -182,7 +183,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
 #pragma unroll
     for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-    const int64_t stride = int64_t(kv.n_kv_heads) * HD;
 
     // Direct: the merge of each row's finished segments (m and l here, acc in
     // tot_smem); the running state above starts afresh at every segment boundary.
@@ -221,14 +221,14 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
 #pragma unroll
         for (int h = 0; h < 2; ++h) end[h] = row_slot[h] == s ? row_end[h] : 0;
         const int warp_end = __reduce_max_sync(kAll, unsigned(max(end[0], end[1])));
-        const uint16_t* k_rows = slot_rows(kv.k, kv, s, kvh);
-        const uint16_t* v_rows = slot_rows(kv.v, kv, s, kvh);
+        const SlotRows k_rows = slot_rows(kv.k, kv, s, kvh);
+        const SlotRows v_rows = slot_rows(kv.v, kv, s, kvh);
 
         // Chunk i computes from buffer i % 2 while chunk i + 1 loads into the other.
         auto issue = [&](int c0) {
             const int buf = ((c0 - begin) / kChunk) & 1, n = min(kChunk, stage_end - c0);
-            stage_async<HD, P>(k_rows, stride, c0, n, k_tile[buf]);
-            stage_async<HD, P>(v_rows, stride, c0, n, v_tile[buf]);
+            stage_async<HD, P>(k_rows, c0, n, k_tile[buf]);
+            stage_async<HD, P>(v_rows, c0, n, v_tile[buf]);
             cp_async_commit();
         };
         __syncthreads();  // the previous pass's warps are done with both buffers

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/kv_page_table.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/nccl_group.h"
 #include "backend/cuda/ops.h"
@@ -97,6 +98,10 @@ public:
 
     std::string name() const override { return "cuda"; }
     size_t device_bytes() const override { return device_bytes_; }
+    size_t free_device_bytes() const override {
+        size_t free = 0, total = 0;
+        return cudaMemGetInfo(&free, &total) == cudaSuccess ? free : 0;
+    }
 
     // ---- memory and registration ----------------------------------------------
 
@@ -179,9 +184,13 @@ public:
         if (!k.ok()) return Error{k.error().message};
         auto v = device_alloc(s.bytes() / 2, "the KV cache (V)");
         if (!v.ok()) return Error{v.error().message};
+        pages_.init(s);
+        auto table = device_alloc(pages_.entries().size() * sizeof(int32_t), "the KV page tables");
+        if (!table.ok()) return Error{table.error().message};
         kv_shape_ = s;
         k_ = static_cast<uint16_t*>(*k);
         v_ = static_cast<uint16_t*>(*v);
+        pages_dev_ = static_cast<int32_t*>(*table);
         const size_t ws = cuda::attention_workspace_bytes(token_capacity_, n_heads_hint(s), s.head_dim, s.n_ctx);
         if (ws > 0) {
             auto w = device_alloc(ws, "the attention workspace");
@@ -208,8 +217,17 @@ public:
 
     // ---- per-batch state --------------------------------------------------------
 
+    void map_kv_pages(int slot, const std::vector<int32_t>& pages) override {
+        if (Status st = pages_.map(slot, pages); !st.ok()) note(st);
+    }
+
     void set_batch(const BatchLayout& layout) override {
         finish_step();
+        // Before the step's capture or replay, which read the tables.
+        if (pages_dev_ && pages_.take_changed())
+            check(cudaMemcpyAsync(pages_dev_, pages_.entries().data(), pages_.entries().size() * sizeof(int32_t),
+                                  cudaMemcpyHostToDevice, stream_),
+                  "KV page tables");
         const int64_t n = int64_t(layout.pos.size());
         if (n > token_capacity_) {
             note(Error{"cuda: batch of " + std::to_string(n) + " tokens exceeds the workspace"});
@@ -675,10 +693,14 @@ private:
 
     cuda::KvLayer kv_layer(int layer) const {
         const KvCacheShape& s = kv_shape_;
-        const size_t per_layer = size_t(s.n_slots) * size_t(s.n_ctx) * size_t(s.n_kv_heads) * size_t(s.head_dim);
+        const size_t per_layer =
+            size_t(s.pool_pages()) * size_t(s.page_size) * size_t(s.n_kv_heads) * size_t(s.head_dim);
         cuda::KvLayer kv;
         kv.k = k_ + size_t(layer) * per_layer;
         kv.v = v_ + size_t(layer) * per_layer;
+        kv.pages = pages_dev_;
+        kv.page_size = s.page_size;
+        kv.pages_per_slot = s.pages_per_slot();
         kv.n_slots = s.n_slots;
         kv.n_ctx = s.n_ctx;
         kv.n_kv_heads = s.n_kv_heads;
@@ -780,6 +802,8 @@ private:
 
     KvCacheShape kv_shape_;
     uint16_t *k_ = nullptr, *v_ = nullptr;
+    KvPageTable pages_;              // the host copy, sent to pages_dev_ when it changes
+    int32_t* pages_dev_ = nullptr;
     float* attn_ws_ = nullptr;
 
     cuda::AttnBatch attn_kind_ = cuda::AttnBatch::Prefill;  // of the current step

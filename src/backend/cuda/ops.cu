@@ -184,7 +184,9 @@ __global__ void kv_store_kernel(KvLayer kv, const float* k, const float* v, int6
         const int64_t t = e / width;
         const int32_t s = slot[t], p = pos[t];
         if (s < 0 || s >= kv.n_slots || p < 0 || p >= kv.n_ctx) continue;  // not a cache cell
-        const int64_t at = (int64_t(s) * kv.n_ctx + p) * width + e % width;
+        const int32_t page = kv.pages[int64_t(s) * kv.pages_per_slot + p / kv.page_size];
+        if (page < 0) continue;
+        const int64_t at = (int64_t(page) * kv.page_size + p % kv.page_size) * width + e % width;
         // cvt.rn: IEEE round to nearest even, as fp32_to_fp16 (NaN payloads aside).
         kv.k[at] = __half_as_ushort(__float2half_rn(k[e]));
         kv.v[at] = __half_as_ushort(__float2half_rn(v[e]));

@@ -47,16 +47,22 @@ void add_bias(float* y, const float* bias, int64_t rows, int64_t cols, cudaStrea
 // out[i] = x[rows[i]] for i < n; rows is a device array.
 void gather_rows(const float* x, int64_t cols, const int32_t* rows, int64_t n, float* out, cudaStream_t stream);
 
-// One layer of the f16 KV cache: [slot][pos][kv_head][head_dim] for K and for V.
+// One layer of the paged f16 KV cache (backend.h): pages of page_size
+// positions, each [pos][kv_head][head_dim], for K and for V; position p of
+// slot s in page pages[s * pages_per_slot + p / page_size] (a device array;
+// -1: unmapped).
 struct KvLayer {
     uint16_t* k = nullptr;
     uint16_t* v = nullptr;
+    const int32_t* pages = nullptr;
     int n_slots = 0, n_ctx = 0, n_kv_heads = 0, head_dim = 0;
+    int page_size = 0, pages_per_slot = 0;
 };
 
 // Writes row t of k and v (n_kv_heads*head_dim floats each, rounded to f16 to
 // nearest even) at (slot[t], pos[t]). slot and pos are device arrays; a token
-// whose slot or pos lies outside the cache is not written.
+// whose slot or pos lies outside the cache, or whose page is unmapped, is not
+// written.
 void kv_store(const KvLayer& kv, const float* k, const float* v, int64_t n_tokens, const int32_t* slot,
               const int32_t* pos, cudaStream_t stream);
 

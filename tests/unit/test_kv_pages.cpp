@@ -1,0 +1,200 @@
+// The KV page pool (runtime/kv_pages.h): pages taken, shared through their
+// tokens, kept after release and taken back least recently released first;
+// and the forward pass refusing a position whose page is not mapped.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <numeric>
+#include <random>
+#include <set>
+
+#include "model/synth.h"
+#include "runtime/engine.h"
+#include "runtime/kv_pages.h"
+
+namespace tern::runtime {
+namespace {
+
+std::vector<int32_t> tokens(int n, int32_t first) {
+    std::vector<int32_t> t(static_cast<size_t>(n));
+    std::iota(t.begin(), t.end(), first);
+    return t;
+}
+
+TEST(KvPagePool, TakesEveryPageOnceThenNone) {
+    KvPagePool pool(5, 4);
+    std::set<int32_t> seen;
+    for (int i = 0; i < 5; ++i) {
+        auto p = pool.take();
+        ASSERT_TRUE(p);
+        EXPECT_TRUE(seen.insert(*p).second) << "page " << *p << " given twice";
+        EXPECT_GE(*p, 0);
+        EXPECT_LT(*p, 5);
+    }
+    EXPECT_FALSE(pool.take());
+    EXPECT_EQ(pool.available(), 0);
+    EXPECT_EQ(pool.held(), 5);
+    pool.release(*seen.begin());
+    EXPECT_EQ(pool.available(), 1);
+    EXPECT_EQ(pool.take(), *seen.begin());
+}
+
+TEST(KvPagePool, KeptPagesAreFoundByTheirTokensInOrder) {
+    KvPagePool pool(8, 4);
+    const std::vector<int32_t> t = tokens(14, 100);  // three full pages and two tokens
+    std::vector<int32_t> pages;
+    for (int i = 0; i < 3; ++i) pages.push_back(*pool.take());
+    for (int i = 0; i < 3; ++i) pool.keep(i ? pages[size_t(i - 1)] : KvPagePool::kNoPage, t.data() + 4 * i, pages[size_t(i)]);
+    EXPECT_EQ(pool.kept(), 3);
+
+    // The same start finds the chain, up to max_pages and as far as tokens agree.
+    EXPECT_EQ(pool.match(t.data(), t.size(), 10), pages);
+    EXPECT_EQ(pool.match(t.data(), t.size(), 2), std::vector<int32_t>(pages.begin(), pages.begin() + 2));
+    std::vector<int32_t> other = t;
+    other[9] = 7;  // inside the third page
+    EXPECT_EQ(pool.match(other.data(), other.size(), 10), std::vector<int32_t>(pages.begin(), pages.begin() + 2));
+    other[0] = 7;  // the first page differs: nothing
+    EXPECT_TRUE(pool.match(other.data(), other.size(), 10).empty());
+    // The same tokens at another place in a sequence are another page.
+    EXPECT_TRUE(pool.match(t.data() + 4, t.size() - 4, 10).empty());
+    // Too few tokens for a page: none.
+    EXPECT_TRUE(pool.match(t.data(), 3, 10).empty());
+}
+
+TEST(KvPagePool, HeldPagesStayAndIdleOnesGoBackOldestFirst) {
+    KvPagePool pool(3, 2);
+    const std::vector<int32_t> a = {1, 2}, b = {3, 4};
+    const int32_t pa = *pool.take(), pb = *pool.take(), pc = *pool.take();
+    pool.keep(KvPagePool::kNoPage, a.data(), pa);
+    pool.keep(KvPagePool::kNoPage, b.data(), pb);
+    // Nothing free while all three are held.
+    EXPECT_FALSE(pool.take());
+    pool.release(pb);  // released first: taken back first
+    pool.release(pa);
+    EXPECT_EQ(pool.available(), 2);
+    // A match holds a kept page again: it is no longer available.
+    EXPECT_EQ(pool.match(a.data(), 2, 1), std::vector<int32_t>{pa});
+    EXPECT_EQ(pool.available(), 1);
+    EXPECT_EQ(pool.take(), pb);  // the idle kept page, forgotten
+    EXPECT_TRUE(pool.match(b.data(), 2, 1).empty());
+    EXPECT_FALSE(pool.take());
+    pool.release(pc);  // never kept: free
+    EXPECT_EQ(pool.take(), pc);
+}
+
+TEST(KvPagePool, AChainEndsWhereAPageWasTakenBack) {
+    KvPagePool pool(2, 2);
+    const std::vector<int32_t> t = {1, 2, 3, 4};
+    const int32_t p0 = *pool.take(), p1 = *pool.take();
+    pool.keep(KvPagePool::kNoPage, t.data(), p0);
+    pool.keep(p0, t.data() + 2, p1);
+    pool.release(p0);
+    pool.release(p1);
+    // p0 is taken back and written with other tokens; p1's entry named p0's
+    // old contents, so the chain {1, 2, 3, 4} is not found past it.
+    EXPECT_EQ(pool.take(), p0);
+    const std::vector<int32_t> again = {1, 2};
+    pool.keep(KvPagePool::kNoPage, again.data(), p0);
+    EXPECT_EQ(pool.match(t.data(), 4, 2), std::vector<int32_t>{p0});
+}
+
+TEST(KvPagePool, DuplicateContentsKeepTheFirstPage) {
+    KvPagePool pool(4, 2);
+    const std::vector<int32_t> t = {5, 6, 7, 8};
+    const int32_t a0 = *pool.take(), b0 = *pool.take(), b1 = *pool.take();
+    pool.keep(KvPagePool::kNoPage, t.data(), a0);
+    pool.keep(KvPagePool::kNoPage, t.data(), b0);  // the same tokens: a0 stays the one found
+    pool.keep(b0, t.data() + 2, b1);               // after a page not kept: never findable, not kept
+    EXPECT_EQ(pool.kept(), 1);
+    EXPECT_EQ(pool.match(t.data(), 4, 2), std::vector<int32_t>{a0});
+    pool.release(b0);
+    pool.release(b1);
+    EXPECT_EQ(pool.available(), 3);  // b0, b1 free; a0 held twice (take and match)
+}
+
+// A fuzz of the pool's bookkeeping: every page is free, idle or held, and a
+// held page is never handed out again.
+TEST(KvPagePool, RandomUseKeepsTheCounts) {
+    const uint64_t seed = std::random_device{}();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937_64 rng(seed);
+    KvPagePool pool(16, 2);
+    std::vector<int> holds(16, 0);
+    std::vector<int32_t> held;
+    for (int step = 0; step < 20000; ++step) {
+        const int what = int(rng() % 3);
+        if (what == 0) {
+            const auto p = pool.take();
+            if (!p) {
+                EXPECT_EQ(pool.available(), 0);
+                continue;
+            }
+            EXPECT_EQ(holds[size_t(*p)], 0) << "page " << *p << " handed out while held";
+            ++holds[size_t(*p)];
+            held.push_back(*p);
+            const std::vector<int32_t> t = {int32_t(rng() % 3), int32_t(rng() % 3)};
+            pool.keep(KvPagePool::kNoPage, t.data(), *p);
+        } else if (what == 1 && !held.empty()) {
+            const size_t i = size_t(rng() % held.size());
+            --holds[size_t(held[i])];
+            pool.release(held[i]);
+            held.erase(held.begin() + int64_t(i));
+        } else {
+            const std::vector<int32_t> t = {int32_t(rng() % 3), int32_t(rng() % 3)};
+            for (int32_t p : pool.match(t.data(), 2, 1)) {
+                ++holds[size_t(p)];
+                held.push_back(p);
+            }
+        }
+        int n_held = 0;
+        for (int h : holds) n_held += h > 0;
+        ASSERT_EQ(pool.held(), n_held);
+        ASSERT_LE(pool.kept(), 9);  // at most one page per distinct pair of tokens
+    }
+}
+
+TEST(KvPages, ForwardRefusesPositionsWithoutAPage) {
+    model::SynthOptions o;
+    o.shape = *model::synth_preset("tiny");
+    o.ftype = quant::FileType::Q8_0;
+    o.seed = 3;
+    o.n_threads = 2;
+    const std::string path =
+        (std::filesystem::temp_directory_path() / ("tern-kv-pages-" + std::to_string(::getpid()) + ".gguf")).string();
+    ASSERT_TRUE(model::write_synth_model(path, o).ok());
+    EngineOptions eo;
+    eo.threads = 2;
+    eo.n_slots = 4;
+    eo.n_ctx = 64;
+    eo.kv_tokens = 100;  // rounded up to 4 pages of 32: fewer than 4 slots x 2
+    auto engine = Engine::open(path, eo);
+    ASSERT_TRUE(engine.ok()) << engine.error().message;
+    model::Pass& pass = (*engine)->forward();
+    EXPECT_EQ(pass.kv_pool_pages(), 4);
+    EXPECT_EQ(pass.kv_page_size(), 32);
+    model::Batch b;
+    b.add(5, 0, 1, true);
+    std::vector<float> logits;
+    Status s = pass.run(b, logits);
+    ASSERT_FALSE(s.ok());
+    EXPECT_NE(s.message().find("has no KV page mapped"), std::string::npos) << s.message();
+    ASSERT_TRUE(pass.map_kv_pages(1, {3}).ok());
+    EXPECT_TRUE(pass.run(b, logits).ok());
+    model::Batch far;
+    far.add(5, 40, 1, true);  // the slot's second page is not mapped
+    EXPECT_FALSE(pass.run(far, logits).ok());
+    EXPECT_FALSE(pass.map_kv_pages(1, {4}).ok());        // outside the pool
+    EXPECT_FALSE(pass.map_kv_pages(1, {0, 1, 2}).ok());  // more than a slot's context
+    EXPECT_FALSE(pass.map_kv_pages(4, {0}).ok());        // no such slot
+
+    // A pool smaller than one context is refused at open.
+    eo.kv_tokens = 20;
+    auto small = Engine::open(path, eo);
+    ASSERT_FALSE(small.ok());
+    EXPECT_NE(small.error().message.find("cannot hold one sequence"), std::string::npos) << small.error().message;
+    std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace tern::runtime
