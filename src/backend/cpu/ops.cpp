@@ -71,12 +71,23 @@ void swiglu(float* gate, const float* up, int64_t n) {
     }
 }
 
-void geglu(float* gate, const float* up, int64_t n) {
-    constexpr float kSqrt2OverPi = 0.7978845608028654f;
+void geglu(float* gate, const float* up, int64_t n, quant::SimdPath path) {
+    [[maybe_unused]] bool avx2 = false;
+#if defined(__x86_64__)
+    avx2 = path != quant::SimdPath::scalar && quant::simd_path_available(quant::SimdPath::avx2);
+#endif
+    constexpr int64_t kPiece = 4096;  // values a thread takes at once
+    const int64_t pieces = (n + kPiece - 1) / kPiece;
 #pragma omp parallel for schedule(static) if (n >= kParallelMin)
-    for (int64_t i = 0; i < n; ++i) {
-        const float g = gate[i];
-        gate[i] = 0.5f * g * (1.0f + std::tanh(kSqrt2OverPi * (g + 0.044715f * g * g * g))) * up[i];
+    for (int64_t c = 0; c < pieces; ++c) {
+        const int64_t i = c * kPiece, len = std::min(kPiece, n - i);
+#if defined(__x86_64__)
+        if (avx2) {
+            detail::geglu_avx2(gate + i, up + i, len);
+            continue;
+        }
+#endif
+        detail::geglu_portable(gate + i, up + i, len);
     }
 }
 

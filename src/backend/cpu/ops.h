@@ -22,8 +22,15 @@ void rope(float* x, int64_t rows, int n_heads, int head_dim, const int32_t* pos,
 // gate = silu(gate) * up, elementwise over n values.
 void swiglu(float* gate, const float* up, int64_t n);
 
-// gate = gelu(gate) * up with GELU's tanh form: 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))).
-void geglu(float* gate, const float* up, int64_t n);
+// gate = gelu(gate) * up with GELU's tanh form: 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))),
+// tanh as tanh_fdlibm. path: the portable form (scalar) or AVX2 eight lanes at
+// a time, the same bits (gelu.cpp); by default the best the CPU has.
+void geglu(float* gate, const float* up, int64_t n, quant::SimdPath path = quant::simd_path_best());
+
+// tanh and expm1 with the bits of the single-precision fdlibm algorithm, which
+// Debian 12's C library returns from tanhf and expm1f (gelu.cpp).
+float tanh_fdlibm(float x);
+float expm1_fdlibm(float x);
 
 // x *= s over n values.
 void scale(float* x, float s, int64_t n);
@@ -97,6 +104,8 @@ struct TileSoftmax {
     // Each token's heads: acc / l (0 where no position was seen).
     void write(const AttentionTile& tile, int head_dim) const;
 };
+void geglu_portable(float* gate, const float* up, int64_t n);
+void geglu_avx2(float* gate, const float* up, int64_t n);  // x86-64 with AVX2 only
 void attention_tile_avx2(const AttentionTile& tile, const KvRows& k, const KvRows& v, int kv_head, int head_dim,
                          float scale);
 }  // namespace detail
