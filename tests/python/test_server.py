@@ -503,17 +503,16 @@ def test_disconnect_frees_the_slot(keyed_server):
     assert re.search(r"^tern_active_sequences 0$", metrics, re.M), metrics
 
 
-def test_concurrent_streams_match_solo(server):
-    # 64 clients at once on 8 slots: 56 wait in the queue and are admitted as slots free.
-    prompts = [f"{random_text(RNG.randrange(2, 12))}. Then" for _ in range(64)]
-    body = lambda p: {"prompt": p, "max_tokens": 8, "temperature": 0}
-    solo = [stream_completion(server, body(p)) for p in prompts]
+def assert_concurrent_matches_solo(srv, prompts, max_tokens, join_s):
+    """Each greedy completion streamed alone, then all at once: the same text."""
+    body = lambda p: {"prompt": p, "max_tokens": max_tokens, "temperature": 0}
+    solo = [stream_completion(srv, body(p)) for p in prompts]
     results = [None] * len(prompts)
     errors = []
 
     def worker(i):
         try:
-            results[i] = stream_completion(server, body(prompts[i]))
+            results[i] = stream_completion(srv, body(prompts[i]))
         except Exception as e:  # reported below with the request index
             errors.append((i, repr(e)))
 
@@ -521,10 +520,16 @@ def test_concurrent_streams_match_solo(server):
     for t in threads:
         t.start()
     for t in threads:
-        t.join(180)
+        t.join(join_s)
     assert not errors, errors
     for i, (a, b) in enumerate(zip(solo, results)):
         assert a == b, f"request {i} ({prompts[i]!r}): solo {a!r} vs concurrent {b!r}"
+
+
+def test_concurrent_streams_match_solo(server):
+    # 64 clients at once on 8 slots: 56 wait in the queue and are admitted as slots free.
+    prompts = [f"{random_text(RNG.randrange(2, 12))}. Then" for _ in range(64)]
+    assert_concurrent_matches_solo(server, prompts, 8, 180)
 
 
 def test_shared_prompt_prefix_is_reused(server):
@@ -564,25 +569,7 @@ def test_small_kv_pool_pauses_and_still_matches_solo():
     s = TernServer("--parallel", "6", "--ctx", "256", "--kv-tokens", "384")
     try:
         prompts = [f"{random_text(RNG.randrange(20, 60))}. Then" for _ in range(12)]
-        body = lambda p: {"prompt": p, "max_tokens": 48, "temperature": 0}
-        solo = [stream_completion(s, body(p)) for p in prompts]
-        results = [None] * len(prompts)
-        errors = []
-
-        def worker(i):
-            try:
-                results[i] = stream_completion(s, body(prompts[i]))
-            except Exception as e:  # reported below with the request index
-                errors.append((i, repr(e)))
-
-        threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(prompts))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(300)
-        assert not errors, errors
-        for i, (a, b) in enumerate(zip(solo, results)):
-            assert a == b, f"request {i} ({prompts[i]!r}): solo {a!r} vs concurrent {b!r}"
+        assert_concurrent_matches_solo(s, prompts, 48, 300)
         status, text = s.request("GET", "/metrics")
         pages = re.search(r"^tern_kv_pages ([0-9.e+]+)$", text, re.M)
         assert pages and float(pages.group(1)) == 12
