@@ -145,7 +145,7 @@ Status Forward::run(const Batch& batch, std::vector<float>& logits) {
     for (int il = 0; il < h.n_layer; ++il) family_->forward_layer(pass, m_.layers[size_t(il)], il);
     // logits for the selected tokens: W_out · n(x)
     const int64_t m = int64_t(batch.logits_for.size());
-    logits.assign(size_t(m) * size_t(m_.output.rows), 0.0f);
+    logits.resize(size_t(m) * size_t(m_.output.rows));  // every value written below: no clearing
     if (m == 0) {
         be_.synchronize();
         return be_.take_error();

@@ -148,6 +148,21 @@ bool Sampler::prepare(const float* logits) {
     cands_.clear();
     if (n_vocab_ == 0 || logits == nullptr) return false;
 
+    const bool greedy = params_.temperature <= 0.0f;
+    const bool penalties = params_.repeat_penalty != 1.0f || params_.frequency_penalty != 0.0f ||
+                           params_.presence_penalty != 0.0f;
+    if (greedy && (history_.empty() || !penalties)) {
+        // One pass over the logits as they are: the token the general path
+        // picks (NaN as -inf; a +inf beats every finite logit; ties: lowest id).
+        int best = -1;
+        for (int i = 0; i < n_vocab_; ++i) {
+            const float l = logits[i];
+            if (l > kNegInf && (best < 0 || l > logits[best])) best = i;
+        }
+        if (best >= 0) cands_.push_back({best, logits[best] == kPosInf ? 0.0f : logits[best]});
+        return best >= 0;
+    }
+
     work_.assign(logits, logits + n_vocab_);
     if (!history_.empty()) {
         window_.assign(history_.begin(), history_.end());
@@ -160,7 +175,6 @@ bool Sampler::prepare(const float* logits) {
         any_pos_inf |= l == kPosInf;
     }
 
-    const bool greedy = params_.temperature <= 0.0f;
     const int32_t k = params_.top_k;
     if (any_pos_inf) {
         // +inf dominates everything finite: the distribution is uniform over

@@ -338,7 +338,7 @@ bool Scheduler::step() {
         slot.remap = false;
     }
 
-    std::vector<float> logits;
+    std::vector<float>& logits = logits_;  // kept across steps: no fresh pages to fault in each step
     const auto t_forward = Clock::now();
     const Status st = engine_.forward().run(batch, logits);
     const auto t_sample = Clock::now();
@@ -356,6 +356,10 @@ bool Scheduler::step() {
     for (size_t i : in_batch) offer_full_pages(slots_[i]);
 
     const size_t n_vocab = size_t(engine_.n_vocab());
+    // The sequences' draws side by side (a pass over the vocabulary each);
+    // then, in order, what follows them, callbacks included.
+#pragma omp parallel for schedule(dynamic, 1) if (row_slot.size() > 1)
+    for (size_t r = 0; r < row_slot.size(); ++r) slots_[row_slot[r]].seq->stream.draw(logits.data() + r * n_vocab);
     uint64_t new_prompt = 0, new_generated = 0;
     for (size_t r = 0; r < row_slot.size(); ++r) {
         Slot& slot = slots_[row_slot[r]];

@@ -32,9 +32,14 @@ void TokenStream::end(FinishReason why) {
     done_ = true;
 }
 
+void TokenStream::draw(const float* logits) {
+    if (!done_ && drawn_ < 0) drawn_ = sampler_.sample(logits);
+}
+
 std::string TokenStream::advance(const float* logits, bool context_full) {
     if (done_) return {};
-    int32_t t = sampler_.sample(logits);
+    int32_t t = drawn_ >= 0 ? drawn_ : sampler_.sample(logits);
+    drawn_ = -1;
     const auto t_grammar = std::chrono::steady_clock::now();
     auto grammar_time = [&] {
         result_.grammar_ms +=

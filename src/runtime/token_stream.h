@@ -32,6 +32,11 @@ public:
     // token. Then either done() (result().finish says why) or next_token() is
     // the token to evaluate next.
     std::string advance(const float* logits, bool context_full);
+    // The sampler's draw from these logits, which the next advance() with
+    // the same logits then takes instead of drawing: the draws of many
+    // streams can run on several threads (each stream on one at a time),
+    // their advances, which call back into the consumer, on one.
+    void draw(const float* logits);
 
     bool done() const { return done_; }
     int32_t next_token() const { return next_; }
@@ -62,6 +67,7 @@ private:
     GenerateResult result_;
     bool done_ = false;
     int32_t next_ = -1;
+    int32_t drawn_ = -1;  // draw()'s token, not yet taken by advance()
 };
 
 }  // namespace tern::runtime

@@ -154,6 +154,37 @@ TEST(Sampler, GreedyIsArgmaxWithTiesToLowestId) {
     EXPECT_EQ(small.sample(tie.data()), 4);
 }
 
+// Greedy without penalties takes one pass over the logits as they are; with
+// penalties (none of which moves anything here: the penalised token's logit
+// is 0) it takes the general path. Both pick the same token, NaN, infinities
+// and ties included.
+TEST(Sampler, GreedyFastPathPicksWhatTheGeneralPathPicks) {
+    FreshSeed seed;
+    TRACE_SEED(seed);
+    std::mt19937_64 rng(seed.value);
+    std::uniform_real_distribution<float> u(0.0f, 1.0f);
+    for (int iter = 0; iter < 300; ++iter) {
+        const int n = 1 + int(rng() % 300);
+        std::vector<float> l(static_cast<size_t>(n));
+        for (float& x : l) {
+            const float r = u(rng);
+            x = r < 0.05f ? kNaN : r < 0.08f ? -kInf : r < (iter % 3 == 0 ? 0.1f : 0.08f) ? kInf
+                                                                                          : std::round(u(rng) * 8.0f);
+        }
+        const int32_t zero = int32_t(rng() % uint64_t(n));
+        l[size_t(zero)] = 0.0f;
+        Sampler fast(plain(0.0f), n);
+        SamplerParams p = plain(0.0f);
+        p.repeat_penalty = 1.5f;
+        Sampler general(p, n);
+        general.accept(zero);
+        ASSERT_EQ(fast.sample(l.data()), general.sample(l.data())) << "row of " << n;
+        const auto a = fast.distribution(l.data()), b = general.distribution(l.data());
+        ASSERT_EQ(a.size(), 1u);
+        ASSERT_EQ(a[0].id, b[0].id);
+    }
+}
+
 TEST(Sampler, TopKOneIsGreedyAtAnyTemperature) {
     FreshSeed seed;
     TRACE_SEED(seed);
