@@ -102,7 +102,7 @@ void run_serve(const ServeOptions& o, const CLI::App& cmd) {
     eo.threads = o.model.threads;
     eo.n_ctx = o.model.ctx;
     eo.n_slots = o.parallel;
-    eo.kv_tokens = o.kv_tokens;
+    eo.kv_tokens = o.kv_tokens > 0 ? o.kv_tokens : runtime::kKvTokensFit;
     eo.max_batch = o.model.batch;
     auto opened = runtime::Engine::open(path, eo);
     if (!opened.ok()) {

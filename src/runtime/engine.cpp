@@ -138,12 +138,13 @@ Result<std::unique_ptr<Engine>> Engine::open(const std::string& path, const Engi
                      " tokens but the embedding only " + std::to_string(described->hp.n_vocab) + " rows"};
     const int n_ctx = options.n_ctx > 0 ? options.n_ctx : std::min(described->hp.n_ctx_train, 4096);
     const int max_batch = std::min(options.max_batch, std::max(n_ctx, 1) * options.n_slots);
-    if (options.kv_tokens < 0 || options.kv_tokens > (int64_t(1) << 32))
+    if ((options.kv_tokens < 0 && options.kv_tokens != kKvTokensFit) || options.kv_tokens > (int64_t(1) << 32))
         return Error{"the KV memory must be between 0 and 4294967296 tokens (got " +
                      std::to_string(options.kv_tokens) + ")"};
     const int kv_pages = options.kv_tokens > 0
                              ? int((options.kv_tokens + backend::kKvPageSize - 1) / backend::kKvPageSize)
-                             : model::kKvPagesFit;
+                         : options.kv_tokens == kKvTokensFit ? model::kKvPagesFit
+                                                             : 0;
 
     if (options.tp == 1) {
         auto m = model::register_model(*described, *e->backend_, progress);

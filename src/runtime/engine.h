@@ -21,6 +21,8 @@ namespace tern::runtime {
 // The names EngineOptions::backend accepts, for messages: "auto, cpu or cuda".
 inline constexpr const char* kBackendChoices = "auto, cpu or cuda";
 
+inline constexpr int64_t kKvTokensFit = -1;
+
 struct EngineOptions {
     // "cpu", "cuda", or "auto": cuda when this build has CUDA and a GPU
     // answers, else cpu. Engine::backend().name() says which was chosen.
@@ -33,8 +35,11 @@ struct EngineOptions {
     int n_ctx = 0;         // positions per sequence; 0 = the model's training context, capped at 4096
     int n_slots = 1;       // sequences held at once
     // KV positions for all sequences together, in pages of backend::kKvPageSize
-    // (rounded up); at least n_ctx. 0: every sequence's whole context, or on
-    // a GPU whose free memory does not hold that, as much as it does.
+    // (rounded up); at least n_ctx. 0: every sequence's whole context (each
+    // slot mapped to its own pages: what a caller driving Pass::run directly
+    // needs). kKvTokensFit: that, or on a GPU whose free memory does not hold
+    // it, as much as it does (for a runtime::Scheduler, which maps pages as
+    // sequences grow).
     int64_t kv_tokens = 0;
     int max_batch = 512;   // tokens per forward call
     // Told as weights are copied onto a device; never called for the cpu

@@ -79,7 +79,7 @@ void KvPagePool::keep(int32_t prev, const int32_t* tokens, int32_t page) {
 }
 
 void KvPagePool::forget(int32_t page) {
-    index_.erase(*key_of_[size_t(page)]);
+    index_.erase(index_.find(*key_of_[size_t(page)]));  // by position: the key lives in the node erased
     key_of_[size_t(page)] = nullptr;
 }
 

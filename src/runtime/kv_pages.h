@@ -34,6 +34,8 @@ public:
     int held() const { return n_pages() - available(); }
     // Pages kept for their tokens (held or not).
     int kept() const { return int(index_.size()); }
+    // How many sequences hold `page`.
+    int holds(int32_t page) const { return holds_[size_t(page)]; }
 
     // A page for a sequence to write (held once): a free page, else the kept
     // page released longest ago (no longer found by its tokens); none when

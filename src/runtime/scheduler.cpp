@@ -130,7 +130,9 @@ void Scheduler::offer_full_pages(Slot& slot) {
 
 void Scheduler::drop_pages(Slot& slot, bool keep_full) {
     if (keep_full) offer_full_pages(slot);
-    for (int32_t page : slot.pages) pool_.release(page);
+    // The last page first: kept pages are taken back in release order, and a
+    // chain's later pages are no use without its first.
+    for (auto it = slot.pages.rbegin(); it != slot.pages.rend(); ++it) pool_.release(*it);
     slot.pages.clear();
     slot.cached.clear();
     slot.n_offered = 0;
@@ -153,10 +155,31 @@ void Scheduler::pause(Slot& slot) {
 }
 
 Scheduler::Slot& Scheduler::youngest_holder(Slot& needy) {
-    Slot* youngest = &needy;
+    // A sequence whose pages are all shared frees none by pausing: such a
+    // one is passed over while a younger one (or the needy one) would.
+    auto frees = [this](const Slot& slot) {
+        for (int32_t page : slot.pages)
+            if (pool_.holds(page) == 1) return true;
+        return false;
+    };
+    Slot* youngest = frees(needy) ? &needy : nullptr;
+    for (Slot& slot : slots_)
+        if (slot.seq && !slot.pages.empty() && slot.seq->order > needy.seq->order && frees(slot) &&
+            (!youngest || slot.seq->order > youngest->seq->order))
+            youngest = &slot;
+    if (youngest) return *youngest;
+    youngest = &needy;
     for (Slot& slot : slots_)
         if (slot.seq && !slot.pages.empty() && slot.seq->order > youngest->seq->order) youngest = &slot;
     return *youngest;
+}
+
+int Scheduler::pages_promised() const {
+    int n = 0;
+    for (const Slot& slot : slots_)
+        if (slot.seq && !slot.seq->paused)
+            n += std::max(0, pages_for(std::max(slot.seq->feed.size(), slot.cached.size()) + 1) - int(slot.pages.size()));
+    return n;
 }
 
 // Paused sequences come back oldest first, each once the last step ran
@@ -166,12 +189,10 @@ void Scheduler::resume_paused() {
         Slot* oldest = nullptr;
         for (Slot& slot : slots_)
             if (slot.seq && slot.seq->paused && (!oldest || slot.seq->order < oldest->seq->order)) oldest = &slot;
-        if (pool_.available() < pages_for(oldest->seq->feed.size() + 1)) return;
+        if (pool_.available() - pages_promised() < pages_for(oldest->seq->feed.size() + 1)) return;
         oldest->seq->paused = false;
         --n_paused_;
-        const size_t reused = start_feeding(*oldest);
-        std::lock_guard<std::mutex> lock(mu_);
-        stats_.prefix_tokens_reused += reused;
+        start_feeding(*oldest);
     }
 }
 
@@ -191,7 +212,11 @@ void Scheduler::admit_locked() {
         }
         // Paused sequences first; then a prompt starts when the pool holds it
         // and a page to grow (kept pages it will share count as available).
-        if (n_paused_ > 0 || short_of_pages_ || pool_.available() < pages_for(front.prompt.size() + 1)) return;
+        // (Waiting for pages means nothing while no sequence runs: the flag
+        // of a step whose sequences all ended is stale.)
+        const bool short_now = short_of_pages_ && stats_.active_sequences > 0;
+        if (n_paused_ > 0 || short_now || pool_.available() - pages_promised() < pages_for(front.prompt.size() + 1))
+            return;
         Slot* free_slot = nullptr;
         for (Slot& slot : slots_)
             if (!slot.seq) {
@@ -208,6 +233,7 @@ void Scheduler::admit_locked() {
         Sequence& s = *free_slot->seq;
         s.result.n_prompt_total = int(s.req.prompt.size());
         s.result.n_prompt = int(s.req.prompt.size() - s.n_fed);
+        s.result.n_prompt_cached = int(s.n_fed);
     }
 }
 
@@ -327,15 +353,21 @@ bool Scheduler::step() {
         return youngest != nullptr;
     }
 
+    Status mapped;
     for (size_t i = 0; i < slots_.size(); ++i) {
         Slot& slot = slots_[i];
         if (!slot.remap) continue;
-        if (Status st = engine_.forward().map_kv_pages(int(i), slot.pages); !st.ok()) {
-            // The pass refused pages the pool handed out: a bug; fail what runs in this slot.
-            if (slot.seq) finish(slot, false, "the KV pages could not be mapped: " + st.message());
-            return true;
-        }
+        Status st = engine_.forward().map_kv_pages(int(i), slot.pages);
         slot.remap = false;
+        if (!st.ok() && mapped.ok()) mapped = st;
+    }
+    if (!mapped.ok()) {
+        // The pass refused pages the pool handed out (a bug): the batch's
+        // tokens are already counted in their slots, so every sequence in it
+        // fails, as after a failed forward pass.
+        for (size_t i : in_batch)
+            if (slots_[i].seq) finish(slots_[i], false, "the KV pages could not be mapped: " + mapped.message());
+        return true;
     }
 
     std::vector<float>& logits = logits_;  // kept across steps: no fresh pages to fault in each step

@@ -80,7 +80,7 @@ struct SchedulerStats {
     int kv_pages_held = 0;           // pages some sequence holds (gauge)
     int kv_pages_kept = 0;           // pages kept for their tokens, held or not (gauge)
     int kv_page_size = 0;            // positions per page
-    uint64_t prefix_tokens_reused = 0;  // prompt tokens whose K/V came from kept pages
+    uint64_t prefix_tokens_reused = 0;  // prompt tokens whose K/V came from kept pages when admitted
     uint64_t preemptions = 0;        // sequences paused for want of pages
 };
 
@@ -126,8 +126,13 @@ private:
     void offer_full_pages(Slot& slot);
     void drop_pages(Slot& slot, bool keep_full);
     void pause(Slot& slot);
-    // The youngest sequence holding pages, or `needy` when it is younger.
+    // The youngest sequence holding pages, or `needy` when it is younger:
+    // among those whose pause frees a page, if any does.
     Slot& youngest_holder(Slot& needy);
+    // Pages the running sequences will take before their next draw (what is
+    // left of their feeds, and a page to grow): what admissions and resumes
+    // must leave them.
+    int pages_promised() const;
     void resume_paused();
 
     Engine& engine_;

@@ -40,6 +40,7 @@ struct GenerateResult {
     FinishReason finish = FinishReason::Length;
     int n_prompt = 0;               // prompt tokens evaluated (after prefix reuse)
     int n_prompt_total = 0;         // prompt tokens in all
+    int n_prompt_cached = 0;        // prompt tokens whose K/V were reused from earlier requests (server)
     int n_generated = 0;
     double prompt_ms = 0, generate_ms = 0;
     // Under a grammar: tokens whose first draw the grammar refused, so the

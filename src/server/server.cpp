@@ -48,7 +48,7 @@ json usage_json(const runtime::GenerateResult& r) {
     return {{"prompt_tokens", r.n_prompt_total},
             {"completion_tokens", r.n_generated},
             {"total_tokens", r.n_prompt_total + r.n_generated},
-            {"prompt_tokens_details", {{"cached_tokens", r.n_prompt_total - r.n_prompt}}}};
+            {"prompt_tokens_details", {{"cached_tokens", r.n_prompt_cached}}}};
 }
 
 json timings_json(const runtime::GenerateResult& r) {

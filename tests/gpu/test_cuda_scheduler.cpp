@@ -143,10 +143,11 @@ TEST(CudaScheduler, SharedPrefixesInATightPoolGiveTheirSoloOutputs) {
         for (size_t i = 0; i < tail; ++i) p.push_back(tok(rng));
     }
 
+    // Each solo run on a scheduler of its own: a fresh pool, nothing kept to share.
     std::vector<std::vector<int32_t>> alone;
-    {
+    for (const auto& p : prompts) {
         Scheduler s(**roomy, {});
-        for (const auto& p : prompts) alone.push_back(submit(s, p).get().tokens);
+        alone.push_back(submit(s, p).get().tokens);
     }
     SchedulerOptions so;
     so.max_queue = kRequests;

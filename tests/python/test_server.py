@@ -519,8 +519,10 @@ def assert_concurrent_matches_solo(srv, prompts, max_tokens, join_s):
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(prompts))]
     for t in threads:
         t.start()
+    deadline = time.time() + join_s
     for t in threads:
-        t.join(join_s)
+        t.join(max(0.0, deadline - time.time()))
+    assert not any(t.is_alive() for t in threads), f"requests still running after {join_s} s"
     assert not errors, errors
     for i, (a, b) in enumerate(zip(solo, results)):
         assert a == b, f"request {i} ({prompts[i]!r}): solo {a!r} vs concurrent {b!r}"

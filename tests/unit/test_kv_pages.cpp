@@ -12,6 +12,7 @@
 #include "model/synth.h"
 #include "runtime/engine.h"
 #include "runtime/kv_pages.h"
+#include "tests/support/test_seed.h"
 
 namespace tern::runtime {
 namespace {
@@ -113,44 +114,72 @@ TEST(KvPagePool, DuplicateContentsKeepTheFirstPage) {
     EXPECT_EQ(pool.available(), 3);  // b0, b1 free; a0 held twice (take and match)
 }
 
-// A fuzz of the pool's bookkeeping: every page is free, idle or held, and a
-// held page is never handed out again.
+// A fuzz of the pool against a model of it: sequences of up to three pages
+// of two tokens (from a three-token alphabet, so contents repeat) take, keep,
+// match and release pages at random. Every page is free, idle or held, a
+// held page is never handed out, and every match returns pages whose
+// recorded contents are the requested tokens after the requested chain.
 TEST(KvPagePool, RandomUseKeepsTheCounts) {
-    const uint64_t seed = std::random_device{}();
+    const uint64_t seed = test::run_seed();
     SCOPED_TRACE("seed " + std::to_string(seed));
     std::mt19937_64 rng(seed);
-    KvPagePool pool(16, 2);
-    std::vector<int> holds(16, 0);
-    std::vector<int32_t> held;
+    constexpr int kPages = 16;
+    KvPagePool pool(kPages, 2);
+    std::vector<int> holds(kPages, 0);
+    // What the model knows of a page: its contents' id (a fresh one each
+    // take), and, once kept, the id of the page before it and its tokens.
+    struct Content {
+        uint64_t id = 0, prev = 0;
+        std::vector<int32_t> tokens;
+    };
+    std::vector<Content> content(kPages);
+    uint64_t next_id = 1;
+    std::vector<std::vector<int32_t>> seqs;  // each a chain of held pages
+    auto pair = [&] { return std::vector<int32_t>{int32_t(rng() % 3), int32_t(rng() % 3)}; };
     for (int step = 0; step < 20000; ++step) {
-        const int what = int(rng() % 3);
-        if (what == 0) {
+        const int what = int(rng() % 4);
+        if (what == 0 && !seqs.empty()) {  // a sequence grows by a page and keeps it
+            std::vector<int32_t>& q = seqs[rng() % seqs.size()];
+            if (q.size() >= 3) continue;
             const auto p = pool.take();
             if (!p) {
                 EXPECT_EQ(pool.available(), 0);
                 continue;
             }
-            EXPECT_EQ(holds[size_t(*p)], 0) << "page " << *p << " handed out while held";
+            ASSERT_EQ(holds[size_t(*p)], 0) << "page " << *p << " handed out while held";
             ++holds[size_t(*p)];
-            held.push_back(*p);
-            const std::vector<int32_t> t = {int32_t(rng() % 3), int32_t(rng() % 3)};
-            pool.keep(KvPagePool::kNoPage, t.data(), *p);
-        } else if (what == 1 && !held.empty()) {
-            const size_t i = size_t(rng() % held.size());
-            --holds[size_t(held[i])];
-            pool.release(held[i]);
-            held.erase(held.begin() + int64_t(i));
-        } else {
-            const std::vector<int32_t> t = {int32_t(rng() % 3), int32_t(rng() % 3)};
-            for (int32_t p : pool.match(t.data(), 2, 1)) {
-                ++holds[size_t(p)];
-                held.push_back(p);
+            content[size_t(*p)] = {next_id++, q.empty() ? 0 : content[size_t(q.back())].id, pair()};
+            pool.keep(q.empty() ? KvPagePool::kNoPage : q.back(), content[size_t(*p)].tokens.data(), *p);
+            q.push_back(*p);
+        } else if (what == 1 && !seqs.empty()) {  // a sequence ends
+            const size_t i = size_t(rng() % seqs.size());
+            for (auto it = seqs[i].rbegin(); it != seqs[i].rend(); ++it) {
+                --holds[size_t(*it)];
+                pool.release(*it);
             }
+            seqs.erase(seqs.begin() + int64_t(i));
+        } else if (seqs.size() < 6) {  // a sequence starts from what is kept
+            std::vector<int32_t> want;
+            for (int k = 0; k < 3; ++k) {
+                const std::vector<int32_t> t = pair();
+                want.insert(want.end(), t.begin(), t.end());
+            }
+            const std::vector<int32_t> got = pool.match(want.data(), want.size(), 3);
+            uint64_t prev = 0;
+            for (size_t k = 0; k < got.size(); ++k) {
+                const Content& c = content[size_t(got[k])];
+                ASSERT_EQ(c.prev, prev) << "page " << got[k] << " matched after the wrong page";
+                ASSERT_EQ(c.tokens, std::vector<int32_t>(want.begin() + int64_t(2 * k), want.begin() + int64_t(2 * k + 2)))
+                    << "page " << got[k] << " matched for other tokens";
+                prev = c.id;
+                ++holds[size_t(got[k])];
+            }
+            seqs.push_back(got);
         }
         int n_held = 0;
         for (int h : holds) n_held += h > 0;
         ASSERT_EQ(pool.held(), n_held);
-        ASSERT_LE(pool.kept(), 9);  // at most one page per distinct pair of tokens
+        for (int p = 0; p < kPages; ++p) ASSERT_EQ(pool.holds(p), holds[size_t(p)]);
     }
 }
 

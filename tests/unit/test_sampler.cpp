@@ -183,6 +183,17 @@ TEST(Sampler, GreedyFastPathPicksWhatTheGeneralPathPicks) {
         ASSERT_EQ(a.size(), 1u);
         ASSERT_EQ(a[0].id, b[0].id);
     }
+    // Rows with nothing to draw: both give token 0.
+    for (const std::vector<float>& row : {std::vector<float>(7, kNaN), std::vector<float>(7, -kInf),
+                                          std::vector<float>{kNaN, -kInf, kNaN, -kInf, kNaN, -kInf, kNaN}}) {
+        Sampler fast(plain(0.0f), 7);
+        SamplerParams p = plain(0.0f);
+        p.repeat_penalty = 1.5f;
+        Sampler general(p, 7);
+        general.accept(3);
+        EXPECT_EQ(fast.sample(row.data()), 0);
+        EXPECT_EQ(general.sample(row.data()), 0);
+    }
 }
 
 TEST(Sampler, TopKOneIsGreedyAtAnyTemperature) {

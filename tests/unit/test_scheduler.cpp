@@ -15,6 +15,7 @@
 #include "runtime/engine.h"
 #include "runtime/scheduler.h"
 #include "runtime/session.h"
+#include "tests/support/test_seed.h"
 
 namespace tern::runtime {
 namespace {
@@ -277,7 +278,7 @@ TEST(Scheduler, RejectsPromptsThatDoNotFit) {
 // youngest pause and resume, fed again with what they had. Every output is
 // the one the sequence gives alone in a pool that holds everything.
 TEST(Scheduler, SmallPoolPausesAndResumesWithTheSameOutputs) {
-    const uint64_t seed = std::random_device{}();
+    const uint64_t seed = test::run_seed();
     SCOPED_TRACE("seed " + std::to_string(seed));
     std::mt19937_64 rng(seed);
     auto roomy = open_engine(4, 128, 32);
@@ -324,7 +325,7 @@ TEST(Scheduler, SmallPoolPausesAndResumesWithTheSameOutputs) {
 // A prompt whose start another prompt computed maps its kept pages: only
 // the rest is evaluated, and the output is the one it gets computed whole.
 TEST(Scheduler, SharedPrefixReusesPages) {
-    const uint64_t seed = std::random_device{}();
+    const uint64_t seed = test::run_seed() + 1;
     SCOPED_TRACE("seed " + std::to_string(seed));
     std::mt19937_64 rng(seed);
     auto engine = open_engine(2, 256, 64);
@@ -358,6 +359,16 @@ TEST(Scheduler, SharedPrefixReusesPages) {
     const GenerateResult rb2 = submit(s, b, greedy(12)).future.get();
     EXPECT_EQ(rb2.n_prompt, int(b.size()) - int((b.size() - 1) / 32 * 32));
     EXPECT_EQ(rb2.tokens, b_whole.tokens);
+
+    // A prompt of exactly three pages, twice: the second maps two and computes
+    // the third (its last token's logits are always computed).
+    const std::vector<int32_t> c = with_tail(96 - int(system.size()));
+    ASSERT_EQ(c.size(), 96u);
+    const GenerateResult rc = submit(s, c, greedy(6)).future.get();
+    const GenerateResult rc2 = submit(s, c, greedy(6)).future.get();
+    EXPECT_EQ(rc2.n_prompt, 32);
+    EXPECT_EQ(rc2.n_prompt_cached, 64);
+    EXPECT_EQ(rc2.tokens, rc.tokens);
 }
 
 }  // namespace

@@ -66,7 +66,7 @@ public:
     Status init_kv_cache(const KvCacheShape& s) override {
         if (s.n_layers < 1 || s.n_slots < 1 || s.n_ctx < 1 || s.n_kv_heads < 1 || s.head_dim < 1)
             return Error{"kv cache: every dimension must be positive"};
-        if (s.page_size < 1 || (s.page_size & (s.page_size - 1)) != 0)
+        if (s.page_size < 1 || (s.page_size & (s.page_size - 1)) != 0 || s.n_pages < 0)
             return Error{"kv cache: pages of " + std::to_string(s.page_size) + " positions (not a power of two)"};
         try {
             kv_shape_ = s;

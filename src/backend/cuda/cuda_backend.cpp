@@ -176,6 +176,9 @@ public:
     Status init_kv_cache(const KvCacheShape& s) override {
         if (s.n_layers < 1 || s.n_slots < 1 || s.n_ctx < 1 || s.n_kv_heads < 1 || s.head_dim < 1)
             return Error{"kv cache: every dimension must be positive"};
+        if (s.page_size < 32 || s.page_size % 32 != 0 || s.n_pages < 0)
+            return Error{"kv cache: pages of " + std::to_string(s.page_size) +
+                         " positions (the attention kernels need a multiple of 32)"};
         if (!cuda::attention_supported(n_heads_hint(s), s.n_kv_heads, s.head_dim))
             return Error{"cuda: attention with " + std::to_string(n_heads_hint(s)) + " query heads, " +
                          std::to_string(s.n_kv_heads) + " KV heads and head dimension " +
