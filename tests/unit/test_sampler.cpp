@@ -159,6 +159,15 @@ TEST(Sampler, GreedyIsArgmaxWithTiesToLowestId) {
 // is 0) it takes the general path. Both pick the same token, NaN, infinities
 // and ties included.
 TEST(Sampler, GreedyFastPathPicksWhatTheGeneralPathPicks) {
+    // A greedy sampler on the general path: a penalty on `token`, whose logit
+    // the rows set to 0, changes nothing there.
+    auto general_path = [](int n, int32_t token) {
+        SamplerParams p = plain(0.0f);
+        p.repeat_penalty = 1.5f;
+        Sampler s(p, n);
+        s.accept(token);
+        return s;
+    };
     FreshSeed seed;
     TRACE_SEED(seed);
     std::mt19937_64 rng(seed.value);
@@ -174,10 +183,7 @@ TEST(Sampler, GreedyFastPathPicksWhatTheGeneralPathPicks) {
         const int32_t zero = int32_t(rng() % uint64_t(n));
         l[size_t(zero)] = 0.0f;
         Sampler fast(plain(0.0f), n);
-        SamplerParams p = plain(0.0f);
-        p.repeat_penalty = 1.5f;
-        Sampler general(p, n);
-        general.accept(zero);
+        Sampler general = general_path(n, zero);
         ASSERT_EQ(fast.sample(l.data()), general.sample(l.data())) << "row of " << n;
         const auto a = fast.distribution(l.data()), b = general.distribution(l.data());
         ASSERT_EQ(a.size(), 1u);
@@ -187,10 +193,7 @@ TEST(Sampler, GreedyFastPathPicksWhatTheGeneralPathPicks) {
     for (const std::vector<float>& row : {std::vector<float>(7, kNaN), std::vector<float>(7, -kInf),
                                           std::vector<float>{kNaN, -kInf, kNaN, -kInf, kNaN, -kInf, kNaN}}) {
         Sampler fast(plain(0.0f), 7);
-        SamplerParams p = plain(0.0f);
-        p.repeat_penalty = 1.5f;
-        Sampler general(p, 7);
-        general.accept(3);
+        Sampler general = general_path(7, 3);
         EXPECT_EQ(fast.sample(row.data()), 0);
         EXPECT_EQ(general.sample(row.data()), 0);
     }
