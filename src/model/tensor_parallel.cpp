@@ -358,7 +358,7 @@ Status TpForward::run(const Batch& batch, std::vector<float>& logits) {
 
     // Gather: each rank's logits are its vocabulary columns of every wanted row.
     const size_t m = batch.logits_for.size();
-    logits.assign(m * size_t(n_vocab_), 0.0f);
+    logits.resize(m * size_t(n_vocab_));  // the ranks' vocabulary ranges cover every column: no clearing
     for (size_t r = 0; r < ranks_.size(); ++r) {
         const TpRank& pr = plan_.ranks[r];
         const size_t width = size_t(pr.vocab_end - pr.vocab_begin);

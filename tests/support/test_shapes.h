@@ -7,9 +7,13 @@
 // "phi3", and the mixtures of experts "qwen3moe" and "mixtral" (moe_shape).
 #pragma once
 
+#include <unistd.h>
+
 #include <cstdint>
+#include <filesystem>
 #include <string>
 
+#include "base/result.h"
 #include "model/synth.h"
 
 namespace tern::test {
@@ -98,5 +102,15 @@ inline model::SynthShape qwen2_tied_shape() {
 // A small qwen3 (per-head q/k norms, NeoX RoPE, head dim 64) whose 4 KV heads
 // divide over two and four ranks.
 inline model::SynthShape qwen3_shape() { return as_qwen(llama_shape(512, 8, 4, 1024), "qwen3"); }
+
+// Writes a synthetic model to the temporary directory as
+// tern-<tag>-<process id>.gguf: its path, or why it could not be written.
+inline Result<std::string> write_temp_model(const std::string& tag, const model::SynthOptions& o) {
+    const std::string path =
+        (std::filesystem::temp_directory_path() / ("tern-" + tag + "-" + std::to_string(::getpid()) + ".gguf")).string();
+    auto written = model::write_synth_model(path, o);
+    if (!written.ok()) return written.error();
+    return path;
+}
 
 }  // namespace tern::test

@@ -22,6 +22,7 @@
 #include "quant/quant.h"
 #include "runtime/engine.h"
 #include "tests/support/forwarding_backend.h"
+#include "tests/support/test_shapes.h"
 
 namespace tern {
 namespace {
@@ -146,12 +147,9 @@ std::string write_synth(std::mt19937_64& rng, bool qwen2, const std::string& tag
     o.ftype = types[rng() % 3];
     o.seed = rng();
     o.n_threads = 2;
-    const std::string path = (std::filesystem::temp_directory_path() /
-                              ("tern-engine-backend-" + tag + "-" + std::to_string(::getpid()) + ".gguf"))
-                                 .string();
-    auto r = model::write_synth_model(path, o);
+    auto r = test::write_temp_model("engine-backend-" + tag, o);
     EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message);
-    return path;
+    return r.ok() ? *r : std::string();
 }
 
 TEST(LoadProgress, OneReportPerWeightAddingUpToTheTotal) {

@@ -13,6 +13,7 @@
 #include "runtime/engine.h"
 #include "runtime/kv_pages.h"
 #include "tests/support/test_seed.h"
+#include "tests/support/test_shapes.h"
 
 namespace tern::runtime {
 namespace {
@@ -189,9 +190,9 @@ TEST(KvPages, ForwardRefusesPositionsWithoutAPage) {
     o.ftype = quant::FileType::Q8_0;
     o.seed = 3;
     o.n_threads = 2;
-    const std::string path =
-        (std::filesystem::temp_directory_path() / ("tern-kv-pages-" + std::to_string(::getpid()) + ".gguf")).string();
-    ASSERT_TRUE(model::write_synth_model(path, o).ok());
+    auto written = test::write_temp_model("kv-pages", o);
+    ASSERT_TRUE(written.ok()) << written.error().message;
+    const std::string path = *written;
     EngineOptions eo;
     eo.threads = 2;
     eo.n_slots = 4;

@@ -7,7 +7,6 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
-#include <filesystem>
 #include <future>
 #include <random>
 
@@ -16,6 +15,7 @@
 #include "runtime/scheduler.h"
 #include "runtime/session.h"
 #include "tests/support/test_seed.h"
+#include "tests/support/test_shapes.h"
 
 namespace tern::runtime {
 namespace {
@@ -27,11 +27,9 @@ const std::string& synth_path() {
         o.ftype = quant::FileType::Q8_0;
         o.seed = 5;
         o.n_threads = 2;
-        const std::string p =
-            (std::filesystem::temp_directory_path() / ("tern-scheduler-" + std::to_string(::getpid()) + ".gguf")).string();
-        auto r = model::write_synth_model(p, o);
+        auto r = test::write_temp_model("scheduler", o);
         EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message);
-        return p;
+        return r.ok() ? *r : std::string();
     }();
     return path;
 }
