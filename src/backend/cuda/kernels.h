@@ -54,7 +54,7 @@ struct DevWeight {
 struct DevAct {
     int8_t* qs = nullptr;
     float* d = nullptr;
-    int32_t* sum = nullptr;
+    int32_t* sum = nullptr;  // each block's sum of qs (mmq_batch's staged kernel sums qs itself instead)
     int64_t blocks = 0;  // blocks per token (cols / 32)
     int group = 1;       // consecutive blocks that share one scale: 1, or 8 (quantize_act_row_grouped)
 };

@@ -6,11 +6,18 @@
 // warp reads one super-block of 32 rows (two while the tokens are few) straight
 // into registers (no shared staging, no barrier per super-block), takes its
 // integer sums from int8 mma (rows as M, tokens as N) and forms the
-// super-block's inner term per output (kernels.h). The CTA then chains the terms in super-block order,
-// r = fma(D, inner, r) from +0.0: the order of mmvq, mmq and the CPU twin, so
-// the same bits, for any token count and any batch.
+// super-block's inner term per output (kernels.h). The CTA then chains the
+// terms in super-block order, r = fma(D, inner, r) from +0.0: the order of
+// mmvq, mmq and the CPU twin, so the same bits, for any token count and any
+// batch. At 24, 32 and 64 tokens a second kernel (below) stages the tokens'
+// blocks in shared memory instead of reading them from L2 sub-block by
+// sub-block; its terms and chain are the same.
+#include <atomic>
+#include <cstdint>
+
 #include "backend/cuda/block_decode.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/ldmatrix.cuh"
 #include "backend/cuda/mma_int8.cuh"
 
 namespace tern::cuda {
@@ -296,13 +303,267 @@ __global__ void __launch_bounds__(kThreads) mmq_batch_kernel(DevWeight w, DevAct
     }
 }
 
+// ---- past 16 tokens: the tokens' blocks staged in shared memory --------------
+//
+// Past 16 tokens the loop above waits on memory again and again (the block
+// sums a few at a time, then each sub-block's token fragments from L2) with
+// every register taken by the accumulators. Here a warp issues its weight
+// loads, then bulk copies of its super-block's token blocks and scales into
+// its own shared buffer (a few copies a lane, counted by an mbarrier), and
+// waits once: one round trip a window. It takes the tokens in passes of up to
+// 32 (half the accumulators), the fragments by ldmatrix. The mins' term X =
+// sum over j of mn_j * S_j needs no block sums: it is the tokens against a
+// row whose sub-block j is mn_j throughout, one more int8 mma chained over the
+// sub-blocks (exact integers, the same X). The inner terms of a pass are
+// written over the token rows it has consumed, so the buffer is the part the
+// CTA chains from; the chain and its order are unchanged.
+
+constexpr int kActRowBytes = 256 + 16;  // a token's super-block, padded: ldmatrix rows hit distinct banks
+
+template <int NT>
+struct Staged {
+    // Token rows: the int8 blocks, then (after its pass) that token's 32
+    // inner terms inner[row] at the start of its row.
+    unsigned char act[NT][kActRowBytes];
+    float d[NT][4];       // the group scale in [0] (a 16-byte copy)
+    uint64_t full;        // mbarrier: this window's copies have landed
+    uint64_t pad;
+    __device__ float* inner(int t) { return reinterpret_cast<float*>(act[t]); }
+    __device__ const float* inner(int t) const { return reinterpret_cast<const float*>(act[t]); }
+};
+static_assert((kRows + 4) * sizeof(float) <= kActRowBytes, "a token's inner terms fit its row");
+
+// The bulk copies, mbarriers and proxy fences are sm_90 instructions: builds
+// for older GPUs compile the staged kernel empty, and the launcher never
+// picks it there (staged_runs_here).
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return unsigned(__cvta_generic_to_shared(p)); }
+
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, int bytes, uint64_t* bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                     smem_addr(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_addr(bar))
+                 : "memory");
+}
+
+// Issue the copies of super-block kc of tokens 0..NT-1 (from n on, token
+// n - 1); lane 0 first tells the barrier how many bytes to wait for.
+template <int NT>
+__device__ __forceinline__ void stage_tokens(const DevAct& a, int n, int64_t kc, Staged<NT>& st) {
+    const int lane = threadIdx.x & 31;
+    if (lane == 0)
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(&st.full)),
+                     "r"(NT * (256 + 16))
+                     : "memory");
+    __syncwarp();
+    for (int t = lane; t < NT; t += 32) {
+        const int64_t b0 = int64_t(min(t, n - 1)) * a.blocks + kc * 8;
+        bulk_copy(st.act[t], a.qs + b0 * 32, 256, &st.full);
+        bulk_copy(st.d[t], a.d + b0, 16, &st.full);
+    }
+}
+
+__device__ __forceinline__ void wait_staged(uint64_t* bar, unsigned phase) {
+    unsigned done = 0;
+    while (!done)
+        asm volatile(
+            "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(smem_addr(bar)), "r"(phase)
+            : "memory");
+}
+
+// Super-block kc of the rows in rw against the staged tokens (landed).
+template <WType T, bool WIDE, int NT>
+__device__ __forceinline__ void super_block_staged(const LaneRow<T, WIDE> (&rw)[2][2], Staged<NT>& st) {
+    constexpr bool has_min = T != WType::Q6_K;
+    constexpr int NN = NT / 8;
+    const int lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
+    // ldmatrix: lanes 8m..8m+7 address row (lane & 7) of matrix m = bytes
+    // 16m.. of sub-block j (m < 2) or j + 1 (m >= 2) of tokens 8q..8q+7.
+    const int lrow = lane & 7, lcol = 16 * (lane >> 3);
+
+#pragma unroll 1  // unrolled, the passes would keep every decoded weight word live
+    for (int p = 0; p < (NN + 3) / 4; ++p) {
+        int ia[2][4][4], ix[2][4][4];  // A and X per output
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+            for (int q = 0; q < 4; ++q)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) ia[mi][q][e] = ix[mi][q][e] = 0;
+#pragma unroll
+        for (int j = 0; j < 8; j += 2) {
+            int b[4][4];  // [q][sub-block j half 0, half 1, j + 1 half 0, half 1]
+#pragma unroll
+            for (int q = 0; q < 4; ++q)
+                if (4 * p + q < NN) ldmatrix_x4(b[q], &st.act[8 * (4 * p + q) + lrow][32 * j + lcol]);
+#pragma unroll
+            for (int jj = 0; jj < 2; ++jj)
+#pragma unroll
+                for (int mi = 0; mi < 2; ++mi) {
+                    const int jx = j + jj;
+                    const int af[4] = {rw[mi][0].vals(jx, 0), rw[mi][1].vals(jx, 0), rw[mi][0].vals(jx, 1),
+                                       rw[mi][1].vals(jx, 1)};
+                    int sc[2][2], mf[4];
+                    if constexpr (has_min) {
+                        int mn0, mn1;
+                        k4_scale_min(rw[mi][0].hd.h[1], rw[mi][0].hd.h[2], rw[mi][0].hd.h[3], jx, sc[0][0], mn0);
+                        k4_scale_min(rw[mi][1].hd.h[1], rw[mi][1].hd.h[2], rw[mi][1].hd.h[3], jx, sc[1][0], mn1);
+                        sc[0][1] = sc[0][0], sc[1][1] = sc[1][0];
+                        mf[0] = mf[2] = mn0 * 0x01010101;  // row g: mn in every byte
+                        mf[1] = mf[3] = mn1 * 0x01010101;  // row g + 8
+                    } else {
+                        sc[0][0] = rw[mi][0].scale(jx, 0), sc[0][1] = rw[mi][0].scale(jx, 1);
+                        sc[1][0] = rw[mi][1].scale(jx, 0), sc[1][1] = rw[mi][1].scale(jx, 1);
+                    }
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) {
+                        if (4 * p + q >= NN) continue;
+                        const int b0 = b[q][2 * jj], b1 = b[q][2 * jj + 1];
+                        int h0[4];
+                        if constexpr (T == WType::Q6_K) {
+                            int h1[4];
+                            mma_k16(h0, af[0], af[1], b0);
+                            mma_k16(h1, af[2], af[3], b1);
+#pragma unroll
+                            for (int e = 0; e < 4; ++e)
+                                ia[mi][q][e] += sc[e >> 1][0] * h0[e] + sc[e >> 1][1] * h1[e];
+                        } else {
+                            mma_k32(h0, af, b0, b1);
+#pragma unroll
+                            for (int e = 0; e < 4; ++e) ia[mi][q][e] += sc[e >> 1][0] * h0[e];
+                            mma_k32_acc(ix[mi][q], mf, b0, b1);
+                        }
+                    }
+                }
+        }
+        __syncwarp();  // every lane is past its reads of this pass's token rows
+
+        // The inner term per output, over the rows just consumed: rows 16mi +
+        // g (+ 8), tokens 8(4p + q) + 2tig (+ 1).
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int row = 16 * mi + g + 8 * h;
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    if (4 * p + q >= NN) continue;
+#pragma unroll
+                    for (int tk = 0; tk < 2; ++tk) {
+                        const int t = 8 * (4 * p + q) + 2 * tig + tk, A = ia[mi][q][2 * h + tk];
+                        float inner;
+                        if constexpr (has_min)
+                            inner = kquant_inner_min(rw[mi][h].hd.d(), rw[mi][h].hd.dmin(), A, ix[mi][q][2 * h + tk]);
+                        else
+                            inner = kquant_inner_scale(rw[mi][h].d, A);
+                        st.inner(t)[row] = inner;
+                    }
+                }
+            }
+    }
+}
+
+#endif  // sm_90
+
+// One CTA: rows blockIdx.x * 32.., every token; per window warp i stages and
+// computes super-block w0 + i, then each thread chains its outputs' terms in
+// super-block order (as mmq_batch_kernel).
+template <WType T, bool WIDE, int NT>
+__global__ void __launch_bounds__(kThreads) mmq_batch_staged_kernel(DevWeight w, DevAct a, int n,
+                                                                    float* __restrict__ y, int64_t y_stride) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+    extern __shared__ __align__(16) unsigned char smem[];
+    Staged<NT>* st = reinterpret_cast<Staged<NT>*>(smem);  // one per warp
+    constexpr int per_thread = kRows * NT / kThreads;      // outputs: row o % 32, token o / 32
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t row0 = int64_t(blockIdx.x) * kRows;
+    const int64_t nsb = w.cols / 256;
+    if (lane == 0) {
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(&st[warp].full)) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncwarp();
+    float acc[per_thread];
+#pragma unroll
+    for (int i = 0; i < per_thread; ++i) acc[i] = 0.0f;
+    for (int64_t w0 = 0; w0 < nsb; w0 += kWarps) {
+        const int64_t kc = w0 + warp;
+        if (kc < nsb) {  // uniform per warp
+            LaneRow<T, WIDE> rw[2][2];
+            load_rows(w, row0, kc, rw);
+            stage_tokens<NT>(a, n, kc, st[warp]);
+            wait_staged(&st[warp].full, unsigned(w0 / kWarps) & 1);
+            super_block_staged<T, WIDE, NT>(rw, st[warp]);
+        }
+        __syncthreads();
+        const int here = int(min64(kWarps, nsb - w0));
+#pragma unroll
+        for (int i = 0; i < per_thread; ++i) {
+            const int o = int(threadIdx.x) + i * kThreads, row = o % kRows, t = o / kRows;
+#pragma unroll
+            for (int s = 0; s < kWarps; ++s)
+                if (s < here) acc[i] = __fmaf_rn(st[s].d[t][0], st[s].inner(t)[row], acc[i]);
+        }
+        // The buffers are restaged in the next window, by the async proxy.
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < per_thread; ++i) {
+        const int o = int(threadIdx.x) + i * kThreads, row = o % kRows, t = o / kRows;
+        if (t < n && row0 + row < w.rows) y[int64_t(t) * y_stride + row0 + row] = acc[i];
+    }
+#endif
+}
+
+// Token counts (rounded up to 8) that take the staged kernel: 24 and 32 (one
+// pass) and 64 (two passes of four groups of 8). Where the second pass is
+// short (40, 48, 56) the one-pass kernel measured as fast or faster (LOG g36).
+constexpr bool staged_count(int nt) { return nt == 24 || nt == 32 || nt == 64; }
+
+// Whether the current device runs the staged kernel: its binary for the
+// device is sm_90 or newer. Known per device after the first query.
+template <WType T, bool WIDE, int NT>
+bool staged_runs_here() {
+    constexpr int kDevices = 64;
+    static std::atomic<int> known[kDevices];  // 0: not asked yet, 1: runs, 2: does not
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return false;
+    if (dev >= 0 && dev < kDevices)
+        if (const int k = known[dev].load(std::memory_order_relaxed); k != 0) return k == 1;
+    cudaFuncAttributes fa{};
+    const bool runs = cudaFuncGetAttributes(&fa, mmq_batch_staged_kernel<T, WIDE, NT>) == cudaSuccess &&
+                      fa.binaryVersion >= 90;
+    if (dev >= 0 && dev < kDevices) known[dev].store(runs ? 1 : 2, std::memory_order_relaxed);
+    return runs;
+}
+
+// The bulk copies need 16-byte aligned sources: the blocks and scales of each
+// token's super-blocks (true of the backend's buffers, blocks = cols / 32).
+bool staged_aligned(const DevAct& a) {
+    return (reinterpret_cast<uintptr_t>(a.qs) | reinterpret_cast<uintptr_t>(a.d)) % 16 == 0 && a.blocks % 4 == 0;
+}
+
 template <WType T, bool WIDE, int NT>
 void launch(const DevWeight& w, const DevAct& a, int n, float* y, int64_t ys, cudaStream_t s) {
     const unsigned grid = unsigned((w.rows + kRows - 1) / kRows);
+    // Past 48 KiB (32 tokens and more; the staged kernel from 24) the
+    // kernels need the opt-in; cheap, and decode steps replay from CUDA
+    // graphs. A failure fails the launch, which the caller's error check
+    // reports.
+    if constexpr (staged_count(NT)) {
+        if (staged_aligned(a) && staged_runs_here<T, WIDE, NT>()) {
+            const int smem = kWarps * int(sizeof(Staged<NT>));
+            cudaFuncSetAttribute(mmq_batch_staged_kernel<T, WIDE, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 smem);
+            mmq_batch_staged_kernel<T, WIDE, NT><<<grid, kThreads, smem, s>>>(w, a, n, y, ys);
+            return;
+        }
+    }
     const int smem = kWarps * PerWarp<NT>::value * int(sizeof(Part<NT>));
-    // Past 48 KiB (32 tokens and more) the kernel needs the opt-in; cheap,
-    // and decode steps replay from CUDA graphs. A failure fails the launch,
-    // which the caller's error check reports.
     cudaFuncSetAttribute(mmq_batch_kernel<T, WIDE, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     mmq_batch_kernel<T, WIDE, NT><<<grid, kThreads, smem, s>>>(w, a, n, y, ys);
 }
