@@ -195,6 +195,34 @@ inline void legacy_sums1(const typename T::Block& w, const block_q8a& a, int32_t
     S = T::kMin ? a.sum : 0;
 }
 
+// Lane j of the result = sum of the eight lanes of p[j], j < 4.
+inline __m128i reduce4(const __m256i* p) {
+    const __m256i u = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+    return _mm_add_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1));
+}
+
+// Four blocks of a ragged tail into lanes 0..3 of acc (lanes 4..7 kept), each
+// lane's term formed as in the eight-block step (term_scale / term_offset).
+// Rows of 640 elements (Gemma 3 270M: 20 blocks) spent a fifth of their time
+// in a block-by-block tail.
+template <class T>
+inline __m256 legacy_tail4(const typename T::Block* w, const block_q8a* a, __m256 acc) {
+    __m256i p[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) p[j] = T::raw(w[j], load_a(a[j]));
+    __m128i A = reduce4(p);
+    const __m128i S = _mm_setr_epi32(a[0].sum, a[1].sum, a[2].sum, a[3].sum);
+    if constexpr (T::kOffsetShift != 0) A = _mm_sub_epi32(A, _mm_slli_epi32(S, T::kOffsetShift));
+    const __m128 da = _mm_setr_ps(a[0].d, a[1].d, a[2].d, a[3].d);
+    const __m128 dw = _mm_setr_ps(half1(w[0].d), half1(w[1].d), half1(w[2].d), half1(w[3].d));
+    __m128 t = _mm_mul_ps(_mm_mul_ps(dw, da), _mm_cvtepi32_ps(A));
+    if constexpr (T::kMin) {
+        const __m128 mw = _mm_setr_ps(half1(w[0].m), half1(w[1].m), half1(w[2].m), half1(w[3].m));
+        t = _mm_add_ps(t, _mm_mul_ps(_mm_mul_ps(mw, da), _mm_cvtepi32_ps(S)));
+    }
+    return _mm256_insertf128_ps(acc, _mm_add_ps(_mm256_castps256_ps128(acc), t), 0);
+}
+
 template <class T>
 float dot_legacy(const void* wv, const block_q8a* a, int64_t k) {
     const auto* w = static_cast<const typename T::Block*>(wv);
@@ -213,8 +241,12 @@ float dot_legacy(const void* wv, const block_q8a* a, int64_t k) {
         }
         acc = _mm256_add_ps(acc, t);
     }
+    if (b + 4 <= nb) {
+        acc = legacy_tail4<T>(w + b, a + b, acc);
+        b += 4;
+    }
     if (b == nb) return fold8(acc);
-    // Ragged tail: fewer than eight blocks, added lane by lane as the reference does.
+    // The last blocks, added lane by lane as the reference does.
     Lanes8 lanes;
     _mm256_storeu_ps(lanes.v, acc);
     for (; b < nb; ++b) {
