@@ -251,6 +251,30 @@ __device__ __forceinline__ void super_block(const LaneRow<T, WIDE> (&rw)[2][2], 
         }
 }
 
+// A thread's outputs are o = threadIdx.x + i * kThreads: row o % 32, token
+// o / 32. The chain step of a window: acc[i] = fma(scale(s, t), term(s, t,
+// row), acc[i]) for its parts s < here, in super-block order.
+template <int PT, int KW, class Scale, class Term>
+__device__ __forceinline__ void chain_window(float (&acc)[PT], int here, Scale scale, Term term) {
+#pragma unroll
+    for (int i = 0; i < PT; ++i) {
+        const int o = int(threadIdx.x) + i * kThreads, row = o % kRows, t = o / kRows;
+#pragma unroll
+        for (int s = 0; s < KW; ++s)
+            if (s < here) acc[i] = __fmaf_rn(scale(s, t), term(s, t, row), acc[i]);
+    }
+}
+
+template <int PT>
+__device__ __forceinline__ void store_outputs(const float (&acc)[PT], int n, int64_t row0, int64_t rows, float* y,
+                                              int64_t y_stride) {
+#pragma unroll
+    for (int i = 0; i < PT; ++i) {
+        const int o = int(threadIdx.x) + i * kThreads, row = o % kRows, t = o / kRows;
+        if (t < n && row0 + row < rows) y[int64_t(t) * y_stride + row0 + row] = acc[i];
+    }
+}
+
 // Super-blocks a warp takes per window: two while the tokens are few (their
 // weight loads in flight together: the wait on memory is the cost there),
 // one where the accumulators need the registers.
@@ -286,21 +310,12 @@ __global__ void __launch_bounds__(kThreads) mmq_batch_kernel(DevWeight w, DevAct
             if (w0 + s * kWarps + warp < nsb)
                 super_block<T, WIDE, NT>(rw[s], a, n, w0 + s * kWarps + warp, parts[s * kWarps + warp]);
         __syncthreads();
-        const int here = int(min64(kWindow, nsb - w0));
-#pragma unroll
-        for (int i = 0; i < per_thread; ++i) {
-            const int o = int(threadIdx.x) + i * kThreads, row = o % kRows, t = o / kRows;
-#pragma unroll
-            for (int s = 0; s < kWindow; ++s)
-                if (s < here) acc[i] = __fmaf_rn(parts[s].xd[t], parts[s].inner[t][row], acc[i]);
-        }
+        chain_window<per_thread, kWindow>(
+            acc, int(min64(kWindow, nsb - w0)), [&](int s, int t) { return parts[s].xd[t]; },
+            [&](int s, int t, int row) { return parts[s].inner[t][row]; });
         __syncthreads();  // the parts are rewritten in the next window
     }
-#pragma unroll
-    for (int i = 0; i < per_thread; ++i) {
-        const int o = int(threadIdx.x) + i * kThreads, row = o % kRows, t = o / kRows;
-        if (t < n && row0 + row < w.rows) y[int64_t(t) * y_stride + row0 + row] = acc[i];
-    }
+    store_outputs(acc, n, row0, w.rows, y, y_stride);
 }
 
 // ---- past 16 tokens: the tokens' blocks staged in shared memory --------------
@@ -499,23 +514,14 @@ __global__ void __launch_bounds__(kThreads) mmq_batch_staged_kernel(DevWeight w,
             super_block_staged<T, WIDE, NT>(rw, st[warp]);
         }
         __syncthreads();
-        const int here = int(min64(kWarps, nsb - w0));
-#pragma unroll
-        for (int i = 0; i < per_thread; ++i) {
-            const int o = int(threadIdx.x) + i * kThreads, row = o % kRows, t = o / kRows;
-#pragma unroll
-            for (int s = 0; s < kWarps; ++s)
-                if (s < here) acc[i] = __fmaf_rn(st[s].d[t][0], st[s].inner(t)[row], acc[i]);
-        }
+        chain_window<per_thread, kWarps>(
+            acc, int(min64(kWarps, nsb - w0)), [&](int s, int t) { return st[s].d[t][0]; },
+            [&](int s, int t, int row) { return st[s].inner(t)[row]; });
         // The buffers are restaged in the next window, by the async proxy.
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         __syncthreads();
     }
-#pragma unroll
-    for (int i = 0; i < per_thread; ++i) {
-        const int o = int(threadIdx.x) + i * kThreads, row = o % kRows, t = o / kRows;
-        if (t < n && row0 + row < w.rows) y[int64_t(t) * y_stride + row0 + row] = acc[i];
-    }
+    store_outputs(acc, n, row0, w.rows, y, y_stride);
 #endif
 }
 
