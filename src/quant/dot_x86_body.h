@@ -195,32 +195,51 @@ inline void legacy_sums1(const typename T::Block& w, const block_q8a& a, int32_t
     S = T::kMin ? a.sum : 0;
 }
 
-// Lane j of the result = sum of the eight lanes of p[j], j < 4.
-inline __m128i reduce4(const __m256i* p) {
-    const __m256i u = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-    return _mm_add_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1));
+// Lane j of the result = sum of the eight lanes of p[j], j < N (2 or 4).
+template <int N>
+inline __m128i reduce_n(const __m256i* p) {
+    if constexpr (N == 4) {
+        const __m256i u = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+        return _mm_add_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1));
+    } else {
+        const __m256i u = _mm256_hadd_epi32(p[0], p[1]);
+        const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1));
+        return _mm_hadd_epi32(h, h);
+    }
 }
 
-// Four blocks of a ragged tail into lanes 0..3 of acc (lanes 4..7 kept), each
-// lane's term formed as in the eight-block step (term_scale / term_offset).
-// Rows of 640 elements (Gemma 3 270M: 20 blocks) spent a fifth of their time
-// in a block-by-block tail.
-template <class T>
-inline __m256 legacy_tail4(const typename T::Block* w, const block_q8a* a, __m256 acc) {
-    __m256i p[4];
+// N (4 or 2) blocks of a row's ragged tail as one vector step, into lanes
+// 0..N-1 of acc's low half (or, with high, of its high half), the other
+// lanes kept as they are; each lane's term formed as in the eight-block step
+// (term_scale / term_offset). Rows of 576 or 640 elements (SmolLM2, Gemma 3
+// 270M: 18 or 20 blocks) spent a fifth of their time in a block-by-block
+// tail.
+template <class T, int N>
+inline __m256 legacy_tail(const typename T::Block* w, const block_q8a* a, __m256 acc, bool high) {
+    static_assert(N == 2 || N == 4);
+    __m256i p[N];
 #pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j) p[j] = T::raw(w[j], load_a(a[j]));
-    __m128i A = reduce4(p);
-    const __m128i S = _mm_setr_epi32(a[0].sum, a[1].sum, a[2].sum, a[3].sum);
+    for (int j = 0; j < N; ++j) p[j] = T::raw(w[j], load_a(a[j]));
+    __m128i A = reduce_n<N>(p);
+    // (Lanes past N read nothing: the conditions are constant.)
+    const __m128i S = _mm_setr_epi32(a[0].sum, a[1].sum, N > 2 ? a[2].sum : 0, N > 3 ? a[3].sum : 0);
     if constexpr (T::kOffsetShift != 0) A = _mm_sub_epi32(A, _mm_slli_epi32(S, T::kOffsetShift));
-    const __m128 da = _mm_setr_ps(a[0].d, a[1].d, a[2].d, a[3].d);
-    const __m128 dw = _mm_setr_ps(half1(w[0].d), half1(w[1].d), half1(w[2].d), half1(w[3].d));
+    const __m128 da = _mm_setr_ps(a[0].d, a[1].d, N > 2 ? a[2].d : 0.0f, N > 3 ? a[3].d : 0.0f);
+    const __m128 dw =
+        _mm_setr_ps(half1(w[0].d), half1(w[1].d), N > 2 ? half1(w[2].d) : 0.0f, N > 3 ? half1(w[3].d) : 0.0f);
     __m128 t = _mm_mul_ps(_mm_mul_ps(dw, da), _mm_cvtepi32_ps(A));
     if constexpr (T::kMin) {
-        const __m128 mw = _mm_setr_ps(half1(w[0].m), half1(w[1].m), half1(w[2].m), half1(w[3].m));
+        const __m128 mw =
+            _mm_setr_ps(half1(w[0].m), half1(w[1].m), N > 2 ? half1(w[2].m) : 0.0f, N > 3 ? half1(w[3].m) : 0.0f);
         t = _mm_add_ps(t, _mm_mul_ps(_mm_mul_ps(mw, da), _mm_cvtepi32_ps(S)));
     }
-    return _mm256_insertf128_ps(acc, _mm_add_ps(_mm256_castps256_ps128(acc), t), 0);
+    constexpr int kLanes = N == 4 ? 0xF : 0x3;
+    if (high) {
+        const __m128 h = _mm256_extractf128_ps(acc, 1);
+        return _mm256_insertf128_ps(acc, _mm_blend_ps(h, _mm_add_ps(h, t), kLanes), 1);
+    }
+    const __m128 l = _mm256_castps256_ps128(acc);
+    return _mm256_insertf128_ps(acc, _mm_blend_ps(l, _mm_add_ps(l, t), kLanes), 0);
 }
 
 template <class T>
@@ -241,12 +260,19 @@ float dot_legacy(const void* wv, const block_q8a* a, int64_t k) {
         }
         acc = _mm256_add_ps(acc, t);
     }
+    // Ragged tail: four blocks, then two, as vector steps; one left goes alone.
+    bool high = false;
     if (b + 4 <= nb) {
-        acc = legacy_tail4<T>(w + b, a + b, acc);
+        acc = legacy_tail<T, 4>(w + b, a + b, acc, false);
         b += 4;
+        high = true;
+    }
+    if (b + 2 <= nb) {
+        acc = legacy_tail<T, 2>(w + b, a + b, acc, high);
+        b += 2;
     }
     if (b == nb) return fold8(acc);
-    // The last blocks, added lane by lane as the reference does.
+    // The last block, added to its lane as the reference does.
     Lanes8 lanes;
     _mm256_storeu_ps(lanes.v, acc);
     for (; b < nb; ++b) {
