@@ -5,6 +5,7 @@
 // five with a sliding window of 5 positions and one global, head dim 128 on
 // a 256-wide model, post-norms, GELU FFN, scaled embeddings, tied output),
 // "phi3", and the mixtures of experts "qwen3moe" and "mixtral" (moe_shape).
+// write_temp_model writes one of them to the temporary directory.
 #pragma once
 
 #include <unistd.h>

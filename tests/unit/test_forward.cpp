@@ -50,12 +50,10 @@ std::string write_model(const Case& c, uint64_t seed) {
     o.ftype = c.ftype;
     o.seed = seed;
     o.n_threads = 2;
-    const std::string path = (std::filesystem::temp_directory_path() /
-                              ("tern-forward-" + std::string(c.shape) + "-" + std::to_string(int(c.ftype)) + "-" +
-                               std::to_string(seed) + ".gguf")).string();
-    auto r = model::write_synth_model(path, o);
+    auto r = test::write_temp_model(
+        "forward-" + std::string(c.shape) + "-" + std::to_string(int(c.ftype)) + "-" + std::to_string(seed), o);
     EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message);
-    return path;
+    return r.ok() ? *r : std::string();
 }
 
 double rel_error(const std::vector<float>& a, const std::vector<float>& b) {

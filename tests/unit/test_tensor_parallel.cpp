@@ -318,10 +318,9 @@ TEST_P(CpuTp, EqualsUnshardedForward) {
     o.ftype = c.ftype;
     o.seed = seed;
     o.n_threads = 2;
-    const std::string path = (std::filesystem::temp_directory_path() /
-                              ("tern-tp-" + std::string(c.name) + "-" + std::to_string(seed) + ".gguf")).string();
-    auto written = model::write_synth_model(path, o);
+    auto written = test::write_temp_model("tp-" + std::string(c.name) + "-" + std::to_string(seed), o);
     ASSERT_TRUE(written.ok()) << written.error().message;
+    const std::string path = *written;
     auto file = gguf::File::open(path);
     ASSERT_TRUE(file.ok()) << file.error().message;
     auto be = backend::make_cpu_backend(2);
@@ -414,9 +413,9 @@ TEST(CpuTensorParallel, ErrorsReachTheCallerAndLeaveTheRanksUsable) {
     o.shape = test::llama_shape(256, 4, 2, 512);
     o.ftype = quant::FileType::Q8_0;
     o.seed = fresh_seed();
-    const std::string path = (std::filesystem::temp_directory_path() /
-                              ("tern-tp-errors-" + std::to_string(o.seed) + ".gguf")).string();
-    ASSERT_TRUE(model::write_synth_model(path, o).ok());
+    auto written = test::write_temp_model("tp-errors-" + std::to_string(o.seed), o);
+    ASSERT_TRUE(written.ok()) << written.error().message;
+    const std::string path = *written;
     auto file = gguf::File::open(path);
     ASSERT_TRUE(file.ok());
     auto be = backend::make_cpu_backend(1);
@@ -451,9 +450,9 @@ TEST(CpuTensorParallel, EngineRunsRanksAndRefusesWhatCannotSplit) {
     o.ftype = quant::FileType::Q8_0;
     o.seed = fresh_seed();
     SCOPED_TRACE("seed " + std::to_string(o.seed));
-    const std::string path = (std::filesystem::temp_directory_path() /
-                              ("tern-tp-engine-" + std::to_string(o.seed) + ".gguf")).string();
-    ASSERT_TRUE(model::write_synth_model(path, o).ok());
+    auto written = test::write_temp_model("tp-engine-" + std::to_string(o.seed), o);
+    ASSERT_TRUE(written.ok()) << written.error().message;
+    const std::string path = *written;
     runtime::EngineOptions eo;
     eo.backend = "cpu";
     eo.threads = 2;

@@ -342,11 +342,12 @@ struct Staged {
     unsigned char act[NT][kActRowBytes];
     float d[NT][4];       // the group scale in [0] (a 16-byte copy)
     uint64_t full;        // mbarrier: this window's copies have landed
-    uint64_t pad;
+    uint64_t pad;         // each warp's buffer starts 16-byte aligned
     __device__ float* inner(int t) { return reinterpret_cast<float*>(act[t]); }
     __device__ const float* inner(int t) const { return reinterpret_cast<const float*>(act[t]); }
 };
 static_assert((kRows + 4) * sizeof(float) <= kActRowBytes, "a token's inner terms fit its row");
+static_assert(sizeof(Staged<8>) % 16 == 0, "the bulk copies' destinations stay 16-byte aligned");
 
 // The bulk copies, mbarriers and proxy fences are sm_90 instructions: builds
 // for older GPUs compile the staged kernel empty, and the launcher never
@@ -531,8 +532,8 @@ __global__ void __launch_bounds__(kThreads) mmq_batch_staged_kernel(DevWeight w,
 constexpr bool staged_count(int nt) { return nt == 24 || nt == 32 || nt == 64; }
 
 // Whether the current device runs the staged kernel: its binary for the
-// device is sm_90 or newer. Known per device after the first query.
-template <WType T, bool WIDE, int NT>
+// device is sm_90 or newer (every instantiation is built for the same
+// architectures, so one answers for all). Asked once per device.
 bool staged_runs_here() {
     constexpr int kDevices = 64;
     static std::atomic<int> known[kDevices];  // 0: not asked yet, 1: runs, 2: does not
@@ -541,7 +542,7 @@ bool staged_runs_here() {
     if (dev >= 0 && dev < kDevices)
         if (const int k = known[dev].load(std::memory_order_relaxed); k != 0) return k == 1;
     cudaFuncAttributes fa{};
-    const bool runs = cudaFuncGetAttributes(&fa, mmq_batch_staged_kernel<T, WIDE, NT>) == cudaSuccess &&
+    const bool runs = cudaFuncGetAttributes(&fa, mmq_batch_staged_kernel<WType::Q4_K, false, 32>) == cudaSuccess &&
                       fa.binaryVersion >= 90;
     if (dev >= 0 && dev < kDevices) known[dev].store(runs ? 1 : 2, std::memory_order_relaxed);
     return runs;
@@ -561,7 +562,7 @@ void launch(const DevWeight& w, const DevAct& a, int n, float* y, int64_t ys, cu
     // graphs. A failure fails the launch, which the caller's error check
     // reports.
     if constexpr (staged_count(NT)) {
-        if (staged_aligned(a) && staged_runs_here<T, WIDE, NT>()) {
+        if (staged_aligned(a) && staged_runs_here()) {
             const int smem = kWarps * int(sizeof(Staged<NT>));
             cudaFuncSetAttribute(mmq_batch_staged_kernel<T, WIDE, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  smem);
