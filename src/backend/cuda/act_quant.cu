@@ -6,6 +6,7 @@
 // block, a lane holds one element; per group of eight blocks, a lane holds
 // eight consecutive elements (lanes 4b..4b+3 make block b).
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/launch.cuh"
 
 namespace tern::cuda {
 namespace {
@@ -36,6 +37,7 @@ __device__ __forceinline__ float abs_or_zero(float v) {
 // One warp per 32-element block.
 __global__ void quantize_act_block_kernel(const float* __restrict__ x, int64_t x_stride, int64_t n_blocks_total,
                                           int64_t blocks, DevAct out) {
+    after_prior_grids();
     const int64_t gb = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
     if (gb >= n_blocks_total) return;  // uniform per warp
@@ -57,6 +59,7 @@ __global__ void quantize_act_block_kernel(const float* __restrict__ x, int64_t x
 // be shorter, and lanes past the row's end hold zeros and store nothing.
 __global__ void quantize_act_group_kernel(const float* __restrict__ x, int64_t x_stride, int64_t n_groups_total,
                                           int64_t groups, int64_t blocks, DevAct out) {
+    after_prior_grids();
     const int64_t gg = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
     if (gg >= n_groups_total) return;  // uniform per warp
@@ -104,12 +107,12 @@ void quantize_act(const float* x, int64_t x_stride, int64_t n_tokens, int64_t co
     if (out.group == 8) {
         const int64_t groups = (blocks + 7) / 8, total = n_tokens * groups;
         const int64_t grid = (total * 32 + threads - 1) / threads;
-        quantize_act_group_kernel<<<unsigned(grid), threads, 0, stream>>>(x, x_stride, total, groups, blocks, out);
+        launch(quantize_act_group_kernel, unsigned(grid), threads, 0, stream, x, x_stride, total, groups, blocks, out);
         return;
     }
     const int64_t total = n_tokens * blocks;
     const int64_t grid = (total * 32 + threads - 1) / threads;
-    quantize_act_block_kernel<<<unsigned(grid), threads, 0, stream>>>(x, x_stride, total, blocks, out);
+    launch(quantize_act_block_kernel, unsigned(grid), threads, 0, stream, x, x_stride, total, blocks, out);
 }
 
 }  // namespace tern::cuda

@@ -54,6 +54,7 @@
 #include <string_view>
 
 #include "backend/cuda/attention_internal.cuh"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/ops.h"
 
 namespace tern::cuda {
@@ -339,6 +340,7 @@ template <int D>
 __global__ void __launch_bounds__(kMaxWarps * kWarp, 2)
     attention_decode_kernel(KvLayer kv, const float* q, AttnShape sh, const int32_t* slot, const int32_t* pos,
                             float* out, Partials part) {
+    after_prior_grids();
     const int warp = int(threadIdx.x) / kWarp, lane = int(threadIdx.x) % kWarp;
     const int64_t cta = blockIdx.x;
     const int chunk = int(cta % sh.chunks);
@@ -461,6 +463,7 @@ template <int D>
 __global__ void __launch_bounds__(kPrefillWarps * kWarp)
     attention_prefill_kernel(KvLayer kv, const float* q, AttnShape sh, int64_t n_tokens, int tile_tokens,
                              const int32_t* slot, const int32_t* pos, float* out) {
+    after_prior_grids();
     constexpr int T = PrefillTokens<D>::per_warp;
     __shared__ __align__(16) float tile[kChunk * kMaxHeadDim];  // K, then V, of one chunk
     __shared__ int tile_slot, tile_begin, tile_end, tile_mixed;
@@ -593,6 +596,7 @@ __global__ void __launch_bounds__(kPrefillWarps * kWarp)
 // denominator from the same values, so they agree bit for bit.
 __global__ void attention_combine_kernel(KvLayer kv, int n_heads, int head_dim, const int32_t* slot,
                                          const int32_t* pos, Partials part, int seg_len, int window, float* out) {
+    after_prior_grids();
     const int64_t row = blockIdx.x;
     const int64_t t = row / n_heads;
     const int d = int(threadIdx.x);
@@ -677,33 +681,33 @@ Partials split_partials(float* workspace, int64_t n_tokens, int n_heads, const K
 // The combine of either implementation's split partials: a CTA per (token, head) row.
 void combine(const KvLayer& kv, int64_t n_tokens, int n_heads, const int32_t* slot, const int32_t* pos,
              const Partials& part, int seg_len, int window, float* out, cudaStream_t stream) {
-    attention_combine_kernel<<<unsigned(n_tokens * n_heads), unsigned(kv.head_dim), 0, stream>>>(
-        kv, n_heads, kv.head_dim, slot, pos, part, seg_len, window, out);
+    launch(attention_combine_kernel, unsigned(n_tokens * n_heads), unsigned(kv.head_dim), 0, stream, kv, n_heads,
+           kv.head_dim, slot, pos, part, seg_len, window, out);
 }
 
 // CUDA-core kernels: split segments, a CTA per token (decode batches: their
 // tokens belong to different sequences), or tiles of consecutive tokens that
 // share staged K/V (prefill).
 template <int D>
-void launch(const KvLayer& kv, const float* q, int64_t n_tokens, const AttnShape& sh, const int32_t* slot,
+void launch_cuda_cores(const KvLayer& kv, const float* q, int64_t n_tokens, const AttnShape& sh, const int32_t* slot,
             const int32_t* pos, float* out, float* workspace, bool split, AttnBatch kind, cudaStream_t stream) {
     const unsigned threads = unsigned(sh.warps * kWarp);
     const unsigned token_ctas = unsigned(n_tokens * kv.n_kv_heads * sh.chunks);
     if (split) {
         const Partials part = split_partials(workspace, n_tokens, sh.n_heads, kv);
-        attention_decode_kernel<D><<<dim3(token_ctas, unsigned(part.n_seg)), threads, 0, stream>>>(kv, q, sh, slot,
-                                                                                                  pos, out, part);
+        launch(attention_decode_kernel<D>, dim3(token_ctas, unsigned(part.n_seg)), threads, 0, stream, kv, q, sh,
+               slot, pos, out, part);
         combine(kv, n_tokens, sh.n_heads, slot, pos, part, sh.seg_len, sh.window, out, stream);
     } else if (n_tokens == 1 || kind == AttnBatch::Decode) {
-        attention_decode_kernel<D><<<dim3(token_ctas, 1), threads, 0, stream>>>(kv, q, sh, slot, pos, out,
-                                                                                Partials{});
+        launch(attention_decode_kernel<D>, dim3(token_ctas, 1), threads, 0, stream, kv, q, sh, slot, pos, out,
+               Partials{});
     } else {
         const int tile_tokens = kPrefillWarps / sh.warps * PrefillTokens<D>::per_warp;
         const int64_t tiles = (n_tokens + tile_tokens - 1) / tile_tokens;
         const unsigned ctas = unsigned(tiles * kv.n_kv_heads * sh.chunks);
         const unsigned prefill_threads = unsigned(kPrefillWarps / sh.warps * sh.warps * kWarp);
-        attention_prefill_kernel<D><<<ctas, prefill_threads, 0, stream>>>(
-            kv, q, sh, n_tokens, tile_tokens, slot, pos, out);
+        launch(attention_prefill_kernel<D>, ctas, prefill_threads, 0, stream, kv, q, sh, n_tokens, tile_tokens, slot,
+               pos, out);
     }
 }
 
@@ -775,14 +779,14 @@ void attention(const KvLayer& kv, const float* q, int64_t n_tokens, int n_heads,
         return;
     }
     switch (kv.head_dim / kWarp) {
-        case 1: launch<1>(kv, q, n_tokens, sh, slot, pos, out, workspace, split, kind, stream); break;
-        case 2: launch<2>(kv, q, n_tokens, sh, slot, pos, out, workspace, split, kind, stream); break;
-        case 3: launch<3>(kv, q, n_tokens, sh, slot, pos, out, workspace, split, kind, stream); break;
-        case 4: launch<4>(kv, q, n_tokens, sh, slot, pos, out, workspace, split, kind, stream); break;
-        case 5: launch<5>(kv, q, n_tokens, sh, slot, pos, out, workspace, split, kind, stream); break;
-        case 6: launch<6>(kv, q, n_tokens, sh, slot, pos, out, workspace, split, kind, stream); break;
-        case 7: launch<7>(kv, q, n_tokens, sh, slot, pos, out, workspace, split, kind, stream); break;
-        case 8: launch<8>(kv, q, n_tokens, sh, slot, pos, out, workspace, split, kind, stream); break;
+        case 1: launch_cuda_cores<1>(kv, q, n_tokens, sh, slot, pos, out, workspace, split, kind, stream); break;
+        case 2: launch_cuda_cores<2>(kv, q, n_tokens, sh, slot, pos, out, workspace, split, kind, stream); break;
+        case 3: launch_cuda_cores<3>(kv, q, n_tokens, sh, slot, pos, out, workspace, split, kind, stream); break;
+        case 4: launch_cuda_cores<4>(kv, q, n_tokens, sh, slot, pos, out, workspace, split, kind, stream); break;
+        case 5: launch_cuda_cores<5>(kv, q, n_tokens, sh, slot, pos, out, workspace, split, kind, stream); break;
+        case 6: launch_cuda_cores<6>(kv, q, n_tokens, sh, slot, pos, out, workspace, split, kind, stream); break;
+        case 7: launch_cuda_cores<7>(kv, q, n_tokens, sh, slot, pos, out, workspace, split, kind, stream); break;
+        case 8: launch_cuda_cores<8>(kv, q, n_tokens, sh, slot, pos, out, workspace, split, kind, stream); break;
         default: break;  // attention_supported refused it
     }
 }

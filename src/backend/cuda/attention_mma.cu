@@ -31,6 +31,7 @@
 
 #include "backend/cuda/attention_internal.cuh"
 #include "backend/cuda/cp_async.cuh"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/ldmatrix.cuh"
 
 namespace tern::cuda::attn {
@@ -85,6 +86,7 @@ template <int HD, bool kSplit>
 __global__ void __launch_bounds__(kMaxWarps * 32)
     attention_mma_kernel(KvLayer kv, const float* __restrict__ q, Shape sh, int64_t n_tokens,
                          const int32_t* slot, const int32_t* pos, float* out, Partials part) {
+    after_prior_grids();
     constexpr int KS = HD / 16;     // k steps of q.k
     constexpr int NT = HD / 8;      // n8 tiles of the accumulator
     constexpr int P = HD + 8;       // halves per staged row: ldmatrix rows land in distinct banks
@@ -386,7 +388,7 @@ void attention_mma(const KvLayer& kv, const float* q, int64_t n_tokens, int n_he
     auto run = [&](auto kernel, int hd) {
         // Direct: the merged accumulators, a warp's 16 rows x hd floats.
         const size_t smem = split ? 0 : size_t(threads / 32) * size_t(kRowsPerWarp) * size_t(hd) * sizeof(float);
-        kernel<<<grid, threads, smem, stream>>>(kv, q, sh, n_tokens, slot, pos, out, part);
+        launch(kernel, grid, threads, smem, stream, kv, q, sh, n_tokens, slot, pos, out, part);
     };
     switch (kv.head_dim) {
         case 32: split ? run(attention_mma_kernel<32, true>, 32) : run(attention_mma_kernel<32, false>, 32); break;

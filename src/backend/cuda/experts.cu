@@ -8,6 +8,7 @@
 #include <climits>
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/launch.cuh"
 
 namespace tern::cuda {
 namespace {
@@ -21,6 +22,7 @@ constexpr int kMaxSlots = 8;  // logits per lane: 32 x 8 = 256 experts
 // cpu::route_top_k does. The weights are its softmax over the chosen logits.
 __global__ void route_kernel(const float* __restrict__ logits, int64_t n_tokens, int n_expert, int k,
                              int32_t* __restrict__ ids, float* __restrict__ weights) {
+    after_prior_grids();
     const int64_t t = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
     if (t >= n_tokens) return;  // uniform per warp
     const int lane = threadIdx.x & 31;
@@ -90,6 +92,7 @@ __device__ __forceinline__ void for_each_row_of_mine(const int32_t* __restrict__
 
 __global__ void __launch_bounds__(kGroupThreads) group_kernel(const int32_t* __restrict__ ids, int n_pairs,
                                                               int n_expert, ExpertGroups g, int max_tiles) {
+    after_prior_grids();
     __shared__ __align__(16) uint8_t s_ids[kChunk];
     __shared__ int s_count[kGroupThreads], s_start[kGroupThreads + 1], s_tile[kGroupThreads + 1];
     const int e = threadIdx.x;
@@ -117,6 +120,7 @@ __global__ void __launch_bounds__(kGroupThreads) group_kernel(const int32_t* __r
 
 __global__ void combine_kernel(const float* __restrict__ y, const float* __restrict__ weights, int64_t n_tokens,
                                int k, int64_t cols, float* __restrict__ out) {
+    after_prior_grids();
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= n_tokens * cols) return;
     const int64_t t = i / cols, c = i % cols;
@@ -131,8 +135,8 @@ void route_experts(const float* logits, int64_t n_tokens, int n_expert, int k, i
                    cudaStream_t s) {
     if (n_tokens < 1) return;
     constexpr int kWarps = 4;
-    route_kernel<<<unsigned((n_tokens + kWarps - 1) / kWarps), kWarps * 32, 0, s>>>(logits, n_tokens, n_expert, k, ids,
-                                                                                   weights);
+    launch(route_kernel, unsigned((n_tokens + kWarps - 1) / kWarps), kWarps * 32, 0, s, logits, n_tokens, n_expert, k,
+           ids, weights);
 }
 
 int expert_max_tiles(int64_t n_pairs, int n_expert) {
@@ -141,14 +145,14 @@ int expert_max_tiles(int64_t n_pairs, int n_expert) {
 
 void group_experts(const int32_t* ids, int64_t n_pairs, int n_expert, ExpertGroups g, cudaStream_t s) {
     if (n_pairs < 1) return;
-    group_kernel<<<1, kGroupThreads, 0, s>>>(ids, int(n_pairs), n_expert, g, expert_max_tiles(n_pairs, n_expert));
+    launch(group_kernel, 1, kGroupThreads, 0, s, ids, int(n_pairs), n_expert, g, expert_max_tiles(n_pairs, n_expert));
 }
 
 void combine_experts(const float* y, const float* weights, int64_t n_tokens, int k, int64_t cols, float* out,
                      cudaStream_t s) {
     const int64_t n = n_tokens * cols;
     if (n < 1) return;
-    combine_kernel<<<unsigned((n + 255) / 256), 256, 0, s>>>(y, weights, n_tokens, k, cols, out);
+    launch(combine_kernel, unsigned((n + 255) / 256), 256, 0, s, y, weights, n_tokens, k, cols, out);
 }
 
 }  // namespace tern::cuda

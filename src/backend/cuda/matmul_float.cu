@@ -13,6 +13,7 @@
 #include "backend/cuda/block_decode.cuh"
 #include "backend/cuda/cp_async.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/launch.cuh"
 #include "quant/dot.h"
 
 namespace tern::cuda {
@@ -46,6 +47,7 @@ constexpr int64_t kFewRows = 256, kFewTokens = kMmvqMaxTokens;
 template <WType T>
 __global__ void __launch_bounds__(256) matmul_float_kernel(DevWeight w, const float* __restrict__ x,
                                                            int64_t n_tokens, float* __restrict__ y) {
+    after_prior_grids();
     __shared__ float ws[kDepth][kTile + 1];
     __shared__ float xs[kDepth][kTile + 1];
     const int tid = threadIdx.x, tr = tid / 16, tt = tid % 16;
@@ -104,6 +106,7 @@ __global__ void __launch_bounds__(kRowsPerCta * kFewTokens) matmul_float_rows_ke
                                                                                      const float* __restrict__ x,
                                                                                      int64_t n_tokens,
                                                                                      float* __restrict__ y) {
+    after_prior_grids();
     constexpr int es = T == WType::F32 ? 4 : 2;  // bytes per weight
     constexpr int wpitch = kRowsChunk * es + 16, xpitch = kRowsChunk * 4 + 16;  // padded: distinct banks per row
     constexpr int stage_bytes = kRowsPerCta * wpitch + kFewTokens * xpitch;
@@ -158,6 +161,7 @@ template <WType T>
 __global__ void float_experts_kernel(const uint8_t* const* __restrict__ experts, DevWeight w,
                                      const float* __restrict__ x, const int32_t* __restrict__ ids,
                                      int64_t n_pairs, int per, float* __restrict__ y) {
+    after_prior_grids();
     const int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (r >= w.rows) return;
     for (int64_t p = blockIdx.y; p < n_pairs; p += gridDim.y) {
@@ -170,6 +174,7 @@ __global__ void float_experts_kernel(const uint8_t* const* __restrict__ experts,
 }
 
 __global__ void pad_q6_K_kernel(const uint8_t* __restrict__ raw, uint8_t* __restrict__ padded, int64_t n) {
+    after_prior_grids();
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= n * 224) return;
     const int64_t b = i / 224;
@@ -185,18 +190,18 @@ void matmul_float(const DevWeight& w, const float* x, int64_t n, float* y, cudaS
         const unsigned blocks = unsigned((w.rows + kRowsPerCta - 1) / kRowsPerCta);
         constexpr int threads = kRowsPerCta * kFewTokens;
         switch (w.type) {
-            case WType::F32: matmul_float_rows_kernel<WType::F32><<<blocks, threads, 0, s>>>(w, x, n, y); break;
-            case WType::F16: matmul_float_rows_kernel<WType::F16><<<blocks, threads, 0, s>>>(w, x, n, y); break;
-            case WType::BF16: matmul_float_rows_kernel<WType::BF16><<<blocks, threads, 0, s>>>(w, x, n, y); break;
+            case WType::F32: launch(matmul_float_rows_kernel<WType::F32>, blocks, threads, 0, s, w, x, n, y); break;
+            case WType::F16: launch(matmul_float_rows_kernel<WType::F16>, blocks, threads, 0, s, w, x, n, y); break;
+            case WType::BF16: launch(matmul_float_rows_kernel<WType::BF16>, blocks, threads, 0, s, w, x, n, y); break;
             default: break;
         }
         return;
     }
     const dim3 grid(unsigned((w.rows + kTile - 1) / kTile), unsigned((n + kTile - 1) / kTile));
     switch (w.type) {
-        case WType::F32: matmul_float_kernel<WType::F32><<<grid, 256, 0, s>>>(w, x, n, y); break;
-        case WType::F16: matmul_float_kernel<WType::F16><<<grid, 256, 0, s>>>(w, x, n, y); break;
-        case WType::BF16: matmul_float_kernel<WType::BF16><<<grid, 256, 0, s>>>(w, x, n, y); break;
+        case WType::F32: launch(matmul_float_kernel<WType::F32>, grid, 256, 0, s, w, x, n, y); break;
+        case WType::F16: launch(matmul_float_kernel<WType::F16>, grid, 256, 0, s, w, x, n, y); break;
+        case WType::BF16: launch(matmul_float_kernel<WType::BF16>, grid, 256, 0, s, w, x, n, y); break;
         default: break;
     }
 }
@@ -206,9 +211,15 @@ void matmul_float_experts(const uint8_t* const* experts, const DevWeight& w, con
     if (n_pairs < 1 || w.rows < 1) return;
     const dim3 grid(unsigned((w.rows + 127) / 128), unsigned(n_pairs < 65535 ? n_pairs : 65535));
     switch (w.type) {
-        case WType::F32: float_experts_kernel<WType::F32><<<grid, 128, 0, s>>>(experts, w, x, ids, n_pairs, per, y); break;
-        case WType::F16: float_experts_kernel<WType::F16><<<grid, 128, 0, s>>>(experts, w, x, ids, n_pairs, per, y); break;
-        case WType::BF16: float_experts_kernel<WType::BF16><<<grid, 128, 0, s>>>(experts, w, x, ids, n_pairs, per, y); break;
+        case WType::F32:
+            launch(float_experts_kernel<WType::F32>, grid, 128, 0, s, experts, w, x, ids, n_pairs, per, y);
+            break;
+        case WType::F16:
+            launch(float_experts_kernel<WType::F16>, grid, 128, 0, s, experts, w, x, ids, n_pairs, per, y);
+            break;
+        case WType::BF16:
+            launch(float_experts_kernel<WType::BF16>, grid, 128, 0, s, experts, w, x, ids, n_pairs, per, y);
+            break;
         default: break;
     }
 }
@@ -216,7 +227,7 @@ void matmul_float_experts(const uint8_t* const* experts, const DevWeight& w, con
 void pad_q6_K(const uint8_t* raw, uint8_t* padded, int64_t n, cudaStream_t s) {
     if (n < 1) return;
     const int64_t total = n * 224;
-    pad_q6_K_kernel<<<unsigned((total + 255) / 256), 256, 0, s>>>(raw, padded, n);
+    launch(pad_q6_K_kernel, unsigned((total + 255) / 256), 256, 0, s, raw, padded, n);
 }
 
 }  // namespace tern::cuda

@@ -16,6 +16,7 @@
 
 #include "backend/cuda/block_decode.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/ldmatrix.cuh"
 #include "backend/cuda/mma_int8.cuh"
 
@@ -371,6 +372,7 @@ __device__ __forceinline__ void mmq_tile(const DevWeight& w, const DevAct& a, co
 template <WType T, bool WIDE, int kTileRows>
 __global__ void __launch_bounds__(kTileRows * 2, 2) mmq_kernel(DevWeight w, DevAct a, int64_t n_tokens,
                                                               float* __restrict__ y, int64_t y_stride) {
+    wait_for_prior_grids();  // no early launch of the next grid (launch.cuh)
     const WarpPlace p(int64_t(blockIdx.x) * kTileRows, int64_t(blockIdx.y) * kTileTokens);
     mmq_tile<T, WIDE, kTileRows>(w, a, DenseTokens{}, n_tokens, p, y, y_stride);
 }
@@ -380,6 +382,7 @@ template <WType T, bool WIDE, int kTileRows>
 __global__ void __launch_bounds__(kTileRows * 2, 2) mmq_experts_kernel(const uint8_t* const* __restrict__ experts,
                                                                       DevWeight w, DevAct a, ExpertGroups g, int per,
                                                                       float* __restrict__ y, int64_t y_stride) {
+    wait_for_prior_grids();  // no early launch of the next grid (launch.cuh)
     static_assert(kExpertTileRows == kTileTokens, "the groups' tiles are the kernel's token tiles");
     const int2 tile = g.tiles[blockIdx.y];
     if (tile.x < 0) return;  // past the routing's tiles: uniform per CTA
@@ -406,7 +409,7 @@ void launch_tile(const DevWeight& w, const DevAct& a, int64_t n, float* y, int64
     // which the caller's error check reports.
     const int smem = tile_smem<T, kTileRows>();
     cudaFuncSetAttribute(mmq_kernel<T, WIDE, kTileRows>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    mmq_kernel<T, WIDE, kTileRows><<<grid, kTileRows * 2, smem, s>>>(w, a, n, y, ys);
+    launch(mmq_kernel<T, WIDE, kTileRows>, grid, kTileRows * 2, smem, s, w, a, n, y, ys);
 }
 
 int tile_rows() {
@@ -418,7 +421,7 @@ int tile_rows() {
 }
 
 template <WType T, bool WIDE>
-void launch(const DevWeight& w, const DevAct& a, int64_t n, float* y, int64_t ys, cudaStream_t s) {
+void launch_for(const DevWeight& w, const DevAct& a, int64_t n, float* y, int64_t ys, cudaStream_t s) {
     if (tile_rows() == 64)
         launch_tile<T, WIDE, 64>(w, a, n, y, ys, s);
     else if (n <= kTileTokens)
@@ -439,7 +442,7 @@ void mmq_experts(const uint8_t* const* experts, const DevWeight& w, const DevAct
         const int smem = tile_smem<Tag::type, kRows>();
         auto* kernel = mmq_experts_kernel<Tag::type, Tag::wide, kRows>;
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-        kernel<<<grid, kRows * 2, smem, s>>>(experts, w, a, g, per, y, ys);
+        launch(kernel, grid, kRows * 2, smem, s, experts, w, a, g, per, y, ys);
     });
 }
 
@@ -447,7 +450,7 @@ void mmq(const DevWeight& w, const DevAct& a, int64_t n, float* y, int64_t ys, c
     if (n < 1 || w.rows < 1) return;
     dispatch_int_type(w.type, w.block_stride, [&](auto tag) {
         using Tag = decltype(tag);
-        launch<Tag::type, Tag::wide>(w, a, n, y, ys, s);
+        launch_for<Tag::type, Tag::wide>(w, a, n, y, ys, s);
     });
 }
 

@@ -12,11 +12,11 @@
 // batch. At 24, 32 and 64 tokens a second kernel (below) stages the tokens'
 // blocks in shared memory instead of reading them from L2 sub-block by
 // sub-block; its terms and chain are the same.
-#include <atomic>
 #include <cstdint>
 
 #include "backend/cuda/block_decode.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/ldmatrix.cuh"
 #include "backend/cuda/mma_int8.cuh"
 
@@ -290,6 +290,7 @@ struct PerWarp {
 template <WType T, bool WIDE, int NT>
 __global__ void __launch_bounds__(kThreads) mmq_batch_kernel(DevWeight w, DevAct a, int n, float* __restrict__ y,
                                                              int64_t y_stride) {
+    wait_for_prior_grids();  // no early launch of the next grid (launch.cuh)
     extern __shared__ __align__(16) unsigned char smem[];
     Part<NT>* parts = reinterpret_cast<Part<NT>*>(smem);  // one per super-block of a window
     constexpr int SB = PerWarp<NT>::value, kWindow = kWarps * SB;
@@ -351,7 +352,7 @@ static_assert(sizeof(Staged<8>) % 16 == 0, "the bulk copies' destinations stay 1
 
 // The bulk copies, mbarriers and proxy fences are sm_90 instructions: builds
 // for older GPUs compile the staged kernel empty, and the launcher never
-// picks it there (staged_runs_here).
+// picks it there (sm90_code_runs_here).
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) { return unsigned(__cvta_generic_to_shared(p)); }
@@ -490,6 +491,7 @@ __device__ __forceinline__ void super_block_staged(const LaneRow<T, WIDE> (&rw)[
 template <WType T, bool WIDE, int NT>
 __global__ void __launch_bounds__(kThreads) mmq_batch_staged_kernel(DevWeight w, DevAct a, int n,
                                                                     float* __restrict__ y, int64_t y_stride) {
+    wait_for_prior_grids();  // no early launch of the next grid (launch.cuh)
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
     extern __shared__ __align__(16) unsigned char smem[];
     Staged<NT>* st = reinterpret_cast<Staged<NT>*>(smem);  // one per warp
@@ -531,23 +533,6 @@ __global__ void __launch_bounds__(kThreads) mmq_batch_staged_kernel(DevWeight w,
 // short (40, 48, 56) the one-pass kernel measured as fast or faster (LOG g36).
 constexpr bool staged_count(int nt) { return nt == 24 || nt == 32 || nt == 64; }
 
-// Whether the current device runs the staged kernel: its binary for the
-// device is sm_90 or newer (every instantiation is built for the same
-// architectures, so one answers for all). Asked once per device.
-bool staged_runs_here() {
-    constexpr int kDevices = 64;
-    static std::atomic<int> known[kDevices];  // 0: not asked yet, 1: runs, 2: does not
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) return false;
-    if (dev >= 0 && dev < kDevices)
-        if (const int k = known[dev].load(std::memory_order_relaxed); k != 0) return k == 1;
-    cudaFuncAttributes fa{};
-    const bool runs = cudaFuncGetAttributes(&fa, mmq_batch_staged_kernel<WType::Q4_K, false, 32>) == cudaSuccess &&
-                      fa.binaryVersion >= 90;
-    if (dev >= 0 && dev < kDevices) known[dev].store(runs ? 1 : 2, std::memory_order_relaxed);
-    return runs;
-}
-
 // The bulk copies need 16-byte aligned sources: the blocks and scales of each
 // token's super-blocks (true of the backend's buffers, blocks = cols / 32).
 bool staged_aligned(const DevAct& a) {
@@ -555,24 +540,24 @@ bool staged_aligned(const DevAct& a) {
 }
 
 template <WType T, bool WIDE, int NT>
-void launch(const DevWeight& w, const DevAct& a, int n, float* y, int64_t ys, cudaStream_t s) {
+void launch_for(const DevWeight& w, const DevAct& a, int n, float* y, int64_t ys, cudaStream_t s) {
     const unsigned grid = unsigned((w.rows + kRows - 1) / kRows);
     // Past 48 KiB (32 tokens and more; the staged kernel from 24) the
     // kernels need the opt-in; cheap, and decode steps replay from CUDA
     // graphs. A failure fails the launch, which the caller's error check
     // reports.
     if constexpr (staged_count(NT)) {
-        if (staged_aligned(a) && staged_runs_here()) {
+        if (staged_aligned(a) && sm90_code_runs_here()) {
             const int smem = kWarps * int(sizeof(Staged<NT>));
             cudaFuncSetAttribute(mmq_batch_staged_kernel<T, WIDE, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  smem);
-            mmq_batch_staged_kernel<T, WIDE, NT><<<grid, kThreads, smem, s>>>(w, a, n, y, ys);
+            launch(mmq_batch_staged_kernel<T, WIDE, NT>, grid, kThreads, smem, s, w, a, n, y, ys);
             return;
         }
     }
     const int smem = kWarps * PerWarp<NT>::value * int(sizeof(Part<NT>));
     cudaFuncSetAttribute(mmq_batch_kernel<T, WIDE, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    mmq_batch_kernel<T, WIDE, NT><<<grid, kThreads, smem, s>>>(w, a, n, y, ys);
+    launch(mmq_batch_kernel<T, WIDE, NT>, grid, kThreads, smem, s, w, a, n, y, ys);
 }
 
 }  // namespace
@@ -585,14 +570,14 @@ void mmq_batch(const DevWeight& w, const DevAct& a, int n, float* y, int64_t ys,
         using Tag = decltype(tag);
         if constexpr (BlockInfo<Tag::type>::kquant) {
             switch ((n + 7) / 8) {
-                case 1: launch<Tag::type, Tag::wide, 8>(w, a, n, y, ys, s); break;
-                case 2: launch<Tag::type, Tag::wide, 16>(w, a, n, y, ys, s); break;
-                case 3: launch<Tag::type, Tag::wide, 24>(w, a, n, y, ys, s); break;
-                case 4: launch<Tag::type, Tag::wide, 32>(w, a, n, y, ys, s); break;
-                case 5: launch<Tag::type, Tag::wide, 40>(w, a, n, y, ys, s); break;
-                case 6: launch<Tag::type, Tag::wide, 48>(w, a, n, y, ys, s); break;
-                case 7: launch<Tag::type, Tag::wide, 56>(w, a, n, y, ys, s); break;
-                default: launch<Tag::type, Tag::wide, 64>(w, a, n, y, ys, s); break;
+                case 1: launch_for<Tag::type, Tag::wide, 8>(w, a, n, y, ys, s); break;
+                case 2: launch_for<Tag::type, Tag::wide, 16>(w, a, n, y, ys, s); break;
+                case 3: launch_for<Tag::type, Tag::wide, 24>(w, a, n, y, ys, s); break;
+                case 4: launch_for<Tag::type, Tag::wide, 32>(w, a, n, y, ys, s); break;
+                case 5: launch_for<Tag::type, Tag::wide, 40>(w, a, n, y, ys, s); break;
+                case 6: launch_for<Tag::type, Tag::wide, 48>(w, a, n, y, ys, s); break;
+                case 7: launch_for<Tag::type, Tag::wide, 56>(w, a, n, y, ys, s); break;
+                default: launch_for<Tag::type, Tag::wide, 64>(w, a, n, y, ys, s); break;
             }
         }
     });

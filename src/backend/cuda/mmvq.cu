@@ -7,6 +7,7 @@
 // the same bits as mmq.
 #include "backend/cuda/block_decode.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/launch.cuh"
 
 namespace tern::cuda {
 namespace {
@@ -150,6 +151,7 @@ __device__ __forceinline__ void mmvq_row(const DevWeight& w, const DevAct& a, in
 template <WType T, bool WIDE, int NT>
 __global__ void __launch_bounds__(kWarps * 32) mmvq_kernel(DevWeight w, DevAct a, float* __restrict__ y,
                                                            int64_t y_stride) {
+    after_prior_grids();
     mmvq_row<T, WIDE, NT>(w, a, int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5), y, y_stride);
 }
 
@@ -159,6 +161,7 @@ __global__ void __launch_bounds__(kWarps * 32) mmvq_experts_kernel(const uint8_t
                                                                    DevWeight w, DevAct a,
                                                                    const int32_t* __restrict__ ids, int per,
                                                                    float* __restrict__ y, int64_t y_stride) {
+    after_prior_grids();
     const int64_t p = blockIdx.y, t = p / per;
     w.data = experts[ids[p]];
     a.qs += t * a.blocks * 32;
@@ -168,18 +171,18 @@ __global__ void __launch_bounds__(kWarps * 32) mmvq_experts_kernel(const uint8_t
 }
 
 template <WType T, bool WIDE>
-void launch(const DevWeight& w, const DevAct& a, int n, float* y, int64_t ys, cudaStream_t s) {
+void launch_for(const DevWeight& w, const DevAct& a, int n, float* y, int64_t ys, cudaStream_t s) {
     const unsigned grid = unsigned((w.rows + kWarps - 1) / kWarps);
     const int threads = kWarps * 32;
     switch (n) {
-        case 1: mmvq_kernel<T, WIDE, 1><<<grid, threads, 0, s>>>(w, a, y, ys); break;
-        case 2: mmvq_kernel<T, WIDE, 2><<<grid, threads, 0, s>>>(w, a, y, ys); break;
-        case 3: mmvq_kernel<T, WIDE, 3><<<grid, threads, 0, s>>>(w, a, y, ys); break;
-        case 4: mmvq_kernel<T, WIDE, 4><<<grid, threads, 0, s>>>(w, a, y, ys); break;
-        case 5: mmvq_kernel<T, WIDE, 5><<<grid, threads, 0, s>>>(w, a, y, ys); break;
-        case 6: mmvq_kernel<T, WIDE, 6><<<grid, threads, 0, s>>>(w, a, y, ys); break;
-        case 7: mmvq_kernel<T, WIDE, 7><<<grid, threads, 0, s>>>(w, a, y, ys); break;
-        default: mmvq_kernel<T, WIDE, 8><<<grid, threads, 0, s>>>(w, a, y, ys); break;
+        case 1: launch(mmvq_kernel<T, WIDE, 1>, grid, threads, 0, s, w, a, y, ys); break;
+        case 2: launch(mmvq_kernel<T, WIDE, 2>, grid, threads, 0, s, w, a, y, ys); break;
+        case 3: launch(mmvq_kernel<T, WIDE, 3>, grid, threads, 0, s, w, a, y, ys); break;
+        case 4: launch(mmvq_kernel<T, WIDE, 4>, grid, threads, 0, s, w, a, y, ys); break;
+        case 5: launch(mmvq_kernel<T, WIDE, 5>, grid, threads, 0, s, w, a, y, ys); break;
+        case 6: launch(mmvq_kernel<T, WIDE, 6>, grid, threads, 0, s, w, a, y, ys); break;
+        case 7: launch(mmvq_kernel<T, WIDE, 7>, grid, threads, 0, s, w, a, y, ys); break;
+        default: launch(mmvq_kernel<T, WIDE, 8>, grid, threads, 0, s, w, a, y, ys); break;
     }
 }
 
@@ -191,7 +194,7 @@ void mmvq_experts(const uint8_t* const* experts, const DevWeight& w, const DevAc
     const dim3 grid(unsigned((w.rows + kWarps - 1) / kWarps), unsigned(n_pairs));
     dispatch_int_type(w.type, w.block_stride, [&](auto tag) {
         using Tag = decltype(tag);
-        mmvq_experts_kernel<Tag::type, Tag::wide><<<grid, kWarps * 32, 0, s>>>(experts, w, a, ids, per, y, ys);
+        launch(mmvq_experts_kernel<Tag::type, Tag::wide>, grid, kWarps * 32, 0, s, experts, w, a, ids, per, y, ys);
     });
 }
 
@@ -199,7 +202,7 @@ void mmvq(const DevWeight& w, const DevAct& a, int n, float* y, int64_t ys, cuda
     if (n < 1 || n > kMmvqMaxTokens || w.rows < 1) return;
     dispatch_int_type(w.type, w.block_stride, [&](auto tag) {
         using Tag = decltype(tag);
-        launch<Tag::type, Tag::wide>(w, a, n, y, ys, s);
+        launch_for<Tag::type, Tag::wide>(w, a, n, y, ys, s);
     });
 }
 

@@ -5,6 +5,7 @@
 // approximate them, which keeps most results bit-identical to the CPU's.
 #include <cuda_fp16.h>
 
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/ops.h"
 
 namespace tern::cuda {
@@ -41,6 +42,7 @@ __device__ __forceinline__ void load_batch(const float* p, int64_t base, int64_t
 }
 
 __global__ void rms_norm_kernel(const float* x, const float* w, float eps, float* out, int64_t cols) {
+    after_prior_grids();
     __shared__ double partial[kThreads / 32];
     const int64_t row = blockIdx.x;
     const float* xr = x + row * cols;
@@ -86,6 +88,7 @@ __global__ void rms_norm_kernel(const float* x, const float* w, float eps, float
 // --- rope: one CTA per row; the angles of the row are computed once ------------
 
 __global__ void rope_kernel(float* x, const int32_t* pos, RopeArgs args) {
+    after_prior_grids();
     extern __shared__ float trig[];  // cos of pair i at [i], its sin at [half + i]
     const int half = args.n_dims / 2;
     const int64_t row = blockIdx.x;
@@ -139,6 +142,7 @@ __global__ void rope_kernel(float* x, const int32_t* pos, RopeArgs args) {
 // --- element-wise ----------------------------------------------------------------
 
 __global__ void swiglu_kernel(float* gate, const float* up, int64_t n) {
+    after_prior_grids();
     for (int64_t i = first_index(); i < n; i += grid_stride()) {
         const float g = gate[i];
         // Full-precision expf (not __expf): the CPU's std::exp is within an ulp.
@@ -147,6 +151,7 @@ __global__ void swiglu_kernel(float* gate, const float* up, int64_t n) {
 }
 
 __global__ void geglu_kernel(float* gate, const float* up, int64_t n) {
+    after_prior_grids();
     constexpr float kSqrt2OverPi = 0.7978845608028654f;
     for (int64_t i = first_index(); i < n; i += grid_stride()) {
         const float g = gate[i];
@@ -156,19 +161,23 @@ __global__ void geglu_kernel(float* gate, const float* up, int64_t n) {
 }
 
 __global__ void scale_kernel(float* x, float s, int64_t n) {
+    after_prior_grids();
     for (int64_t i = first_index(); i < n; i += grid_stride()) x[i] = __fmul_rn(x[i], s);
 }
 
 __global__ void add_kernel(float* x, const float* y, int64_t n) {
+    after_prior_grids();
     for (int64_t i = first_index(); i < n; i += grid_stride()) x[i] = __fadd_rn(x[i], y[i]);
 }
 
 __global__ void add_bias_kernel(float* y, const float* bias, int64_t rows, int64_t cols) {
+    after_prior_grids();
     const int64_t n = rows * cols;
     for (int64_t i = first_index(); i < n; i += grid_stride()) y[i] = __fadd_rn(y[i], bias[i % cols]);
 }
 
 __global__ void gather_rows_kernel(const float* x, int64_t cols, const int32_t* rows, int64_t n, float* out) {
+    after_prior_grids();
     const int64_t total = n * cols;
     for (int64_t i = first_index(); i < total; i += grid_stride())
         out[i] = x[int64_t(rows[i / cols]) * cols + i % cols];
@@ -178,6 +187,7 @@ __global__ void gather_rows_kernel(const float* x, int64_t cols, const int32_t* 
 
 __global__ void kv_store_kernel(KvLayer kv, const float* k, const float* v, int64_t n_tokens, const int32_t* slot,
                                 const int32_t* pos) {
+    after_prior_grids();
     const int64_t width = int64_t(kv.n_kv_heads) * kv.head_dim;
     const int64_t total = n_tokens * width;
     for (int64_t e = first_index(); e < total; e += grid_stride()) {
@@ -198,51 +208,51 @@ __global__ void kv_store_kernel(KvLayer kv, const float* k, const float* v, int6
 void rms_norm(const float* x, const float* w, float eps, float* out, int64_t rows, int64_t cols,
               cudaStream_t stream) {
     if (rows <= 0 || cols <= 0) return;
-    rms_norm_kernel<<<unsigned(rows), kThreads, 0, stream>>>(x, w, eps, out, cols);
+    launch(rms_norm_kernel, unsigned(rows), kThreads, 0, stream, x, w, eps, out, cols);
 }
 
 void rope(float* x, int64_t rows, const int32_t* pos, const RopeArgs& args, cudaStream_t stream) {
     const int half = args.n_dims / 2;
     if (rows <= 0 || half <= 0 || args.n_heads <= 0) return;
     const size_t smem = 2 * size_t(half) * sizeof(float);
-    rope_kernel<<<unsigned(rows), kThreads, smem, stream>>>(x, pos, args);
+    launch(rope_kernel, unsigned(rows), kThreads, smem, stream, x, pos, args);
 }
 
 void swiglu(float* gate, const float* up, int64_t n, cudaStream_t stream) {
     if (n <= 0) return;
-    swiglu_kernel<<<grid_for(n), kThreads, 0, stream>>>(gate, up, n);
+    launch(swiglu_kernel, grid_for(n), kThreads, 0, stream, gate, up, n);
 }
 
 void geglu(float* gate, const float* up, int64_t n, cudaStream_t stream) {
     if (n <= 0) return;
-    geglu_kernel<<<grid_for(n), kThreads, 0, stream>>>(gate, up, n);
+    launch(geglu_kernel, grid_for(n), kThreads, 0, stream, gate, up, n);
 }
 
 void scale(float* x, float s, int64_t n, cudaStream_t stream) {
     if (n <= 0) return;
-    scale_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, s, n);
+    launch(scale_kernel, grid_for(n), kThreads, 0, stream, x, s, n);
 }
 
 void add(float* x, const float* y, int64_t n, cudaStream_t stream) {
     if (n <= 0) return;
-    add_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, y, n);
+    launch(add_kernel, grid_for(n), kThreads, 0, stream, x, y, n);
 }
 
 void add_bias(float* y, const float* bias, int64_t rows, int64_t cols, cudaStream_t stream) {
     if (rows <= 0 || cols <= 0) return;
-    add_bias_kernel<<<grid_for(rows * cols), kThreads, 0, stream>>>(y, bias, rows, cols);
+    launch(add_bias_kernel, grid_for(rows * cols), kThreads, 0, stream, y, bias, rows, cols);
 }
 
 void gather_rows(const float* x, int64_t cols, const int32_t* rows, int64_t n, float* out, cudaStream_t stream) {
     if (n <= 0 || cols <= 0) return;
-    gather_rows_kernel<<<grid_for(n * cols), kThreads, 0, stream>>>(x, cols, rows, n, out);
+    launch(gather_rows_kernel, grid_for(n * cols), kThreads, 0, stream, x, cols, rows, n, out);
 }
 
 void kv_store(const KvLayer& kv, const float* k, const float* v, int64_t n_tokens, const int32_t* slot,
               const int32_t* pos, cudaStream_t stream) {
     const int64_t width = int64_t(kv.n_kv_heads) * kv.head_dim;
     if (n_tokens <= 0 || width <= 0) return;
-    kv_store_kernel<<<grid_for(n_tokens * width), kThreads, 0, stream>>>(kv, k, v, n_tokens, slot, pos);
+    launch(kv_store_kernel, grid_for(n_tokens * width), kThreads, 0, stream, kv, k, v, n_tokens, slot, pos);
 }
 
 }  // namespace tern::cuda

@@ -1,0 +1,40 @@
+// Which launch features the current device runs (launch.cuh).
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+#include "backend/cuda/launch.cuh"
+
+namespace tern::cuda {
+namespace {
+
+// Compiled like every kernel of the library, so its code version is theirs.
+__global__ void probe_kernel() {}
+
+}  // namespace
+
+bool sm90_code_runs_here() {
+    constexpr int kDevices = 64;
+    static std::atomic<int> known[kDevices];  // 0: not asked yet, 1: runs, 2: does not
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return false;
+    if (dev >= 0 && dev < kDevices)
+        if (const int k = known[dev].load(std::memory_order_relaxed); k != 0) return k == 1;
+    // ptxVersion is the virtual architecture the code was compiled for (what
+    // __CUDA_ARCH__ said); binaryVersion the machine code the device runs.
+    cudaFuncAttributes fa{};
+    const bool runs =
+        cudaFuncGetAttributes(&fa, probe_kernel) == cudaSuccess && fa.ptxVersion >= 90 && fa.binaryVersion >= 90;
+    if (dev >= 0 && dev < kDevices) known[dev].store(runs ? 1 : 2, std::memory_order_relaxed);
+    return runs;
+}
+
+bool pdl_enabled() {
+    static const bool allowed = [] {
+        const char* v = std::getenv("TERN_CUDA_PDL");
+        return !(v && std::strcmp(v, "0") == 0);
+    }();
+    return allowed && sm90_code_runs_here();
+}
+
+}  // namespace tern::cuda
