@@ -110,8 +110,9 @@ public:
     // unmapped (no token may use them). Slots may share pages (a common
     // prompt prefix) as long as only one of them writes a shared page's
     // positions, before the others read them. Takes effect at the next
-    // set_batch; a page outside the pool is an error (take_error).
-    virtual void map_kv_pages(int slot, const std::vector<int32_t>& pages) = 0;
+    // set_batch. A slot that does not exist, more pages than a slot's
+    // context or a page outside the pool is an error, and nothing changes.
+    virtual Status map_kv_pages(int slot, const std::vector<int32_t>& pages) = 0;
     virtual void upload(const float* host, Tensor dst) = 0;   // dst.rows*dst.cols floats
     virtual void download(Tensor src, float* host) = 0;
 

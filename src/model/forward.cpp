@@ -94,15 +94,7 @@ Result<std::unique_ptr<Forward>> Forward::create(const Model& model, backend::Ba
 }
 
 Status Forward::map_kv_pages(int slot, const std::vector<int32_t>& pages) {
-    if (slot < 0 || slot >= kv_.n_slots) return Error{"forward: KV slot " + std::to_string(slot) + " does not exist"};
-    if (int64_t(pages.size()) > kv_.pages_per_slot())
-        return Error{"forward: " + std::to_string(pages.size()) + " KV pages for a slot of " +
-                     std::to_string(kv_.pages_per_slot())};
-    for (int32_t p : pages)
-        if (p < 0 || p >= kv_.pool_pages())
-            return Error{"forward: KV page " + std::to_string(p) + " is outside the pool of " +
-                         std::to_string(kv_.pool_pages())};
-    be_.map_kv_pages(slot, pages);
+    if (Status s = be_.map_kv_pages(slot, pages); !s.ok()) return Error{"forward: " + s.message()};
     mapped_pages_[size_t(slot)] = int(pages.size());
     return {};
 }

@@ -149,7 +149,6 @@ void Scheduler::pause(Slot& slot) {
     s.n_fed = 0;
     s.paused = true;
     drop_pages(slot, true);
-    ++n_paused_;
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.preemptions;
 }
@@ -185,15 +184,19 @@ int Scheduler::pages_promised() const {
 // Paused sequences come back oldest first, each once the last step ran
 // without want of pages and the pool holds what it feeds and a page to grow.
 void Scheduler::resume_paused() {
-    while (n_paused_ > 0 && !short_of_pages_) {
-        Slot* oldest = nullptr;
-        for (Slot& slot : slots_)
-            if (slot.seq && slot.seq->paused && (!oldest || slot.seq->order < oldest->seq->order)) oldest = &slot;
-        if (pool_.available() - pages_promised() < pages_for(oldest->seq->feed.size() + 1)) return;
+    while (!short_of_pages_) {
+        Slot* oldest = oldest_paused();
+        if (!oldest || pool_.available() - pages_promised() < pages_for(oldest->seq->feed.size() + 1)) return;
         oldest->seq->paused = false;
-        --n_paused_;
         start_feeding(*oldest);
     }
+}
+
+Scheduler::Slot* Scheduler::oldest_paused() {
+    Slot* oldest = nullptr;
+    for (Slot& slot : slots_)
+        if (slot.seq && slot.seq->paused && (!oldest || slot.seq->order < oldest->seq->order)) oldest = &slot;
+    return oldest;
 }
 
 // --- admission and steps -------------------------------------------------------
@@ -215,7 +218,7 @@ void Scheduler::admit_locked() {
         // (Waiting for pages means nothing while no sequence runs: the flag
         // of a step whose sequences all ended is stale.)
         const bool short_now = short_of_pages_ && stats_.active_sequences > 0;
-        if (n_paused_ > 0 || short_now || pool_.available() - pages_promised() < pages_for(front.prompt.size() + 1))
+        if (oldest_paused() || short_now || pool_.available() - pages_promised() < pages_for(front.prompt.size() + 1))
             return;
         Slot* free_slot = nullptr;
         for (Slot& slot : slots_)
@@ -239,7 +242,6 @@ void Scheduler::admit_locked() {
 
 void Scheduler::finish(Slot& slot, bool ok, const std::string& error) {
     std::unique_ptr<Sequence> seq = std::move(slot.seq);
-    if (seq->paused) --n_paused_;
     // After a failed step what the slot's last pages hold is unknown: only
     // pages offered before it stay kept.
     drop_pages(slot, ok);

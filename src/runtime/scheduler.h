@@ -134,6 +134,7 @@ private:
     // must leave them.
     int pages_promised() const;
     void resume_paused();
+    Slot* oldest_paused();  // nullptr when none is paused
 
     Engine& engine_;
     SchedulerOptions options_;
@@ -141,7 +142,6 @@ private:
     std::vector<Slot> slots_;  // touched only by the scheduler thread (after construction)
     KvPagePool pool_;          // likewise
     uint64_t next_order_ = 0;  // admission order of the sequences
-    int n_paused_ = 0;
     bool short_of_pages_ = false;  // the last step paused a sequence or left one waiting for a page
     std::vector<float> logits_;    // the last step's logits rows
 

@@ -21,7 +21,9 @@ public:
     Result<backend::Weight> register_weight(const backend::Weight& w) override { return be_->register_weight(w); }
     Result<backend::Tensor> alloc(int64_t rows, int64_t cols) override { return be_->alloc(rows, cols); }
     Status init_kv_cache(const backend::KvCacheShape& s) override { return be_->init_kv_cache(s); }
-    void map_kv_pages(int slot, const std::vector<int32_t>& pages) override { be_->map_kv_pages(slot, pages); }
+    Status map_kv_pages(int slot, const std::vector<int32_t>& pages) override {
+        return be_->map_kv_pages(slot, pages);
+    }
     void upload(const float* host, backend::Tensor dst) override { be_->upload(host, dst); }
     void download(backend::Tensor src, float* host) override { be_->download(src, host); }
     void set_batch(const backend::BatchLayout& layout) override { be_->set_batch(layout); }

@@ -214,9 +214,12 @@ TEST(KvPages, ForwardRefusesPositionsWithoutAPage) {
     model::Batch far;
     far.add(5, 40, 1, true);  // the slot's second page is not mapped
     EXPECT_FALSE(pass.run(far, logits).ok());
-    EXPECT_FALSE(pass.map_kv_pages(1, {4}).ok());        // outside the pool
+    const Status outside = pass.map_kv_pages(1, {4});
+    ASSERT_FALSE(outside.ok());
+    EXPECT_NE(outside.message().find("page 4 is outside the pool of 4"), std::string::npos) << outside.message();
     EXPECT_FALSE(pass.map_kv_pages(1, {0, 1, 2}).ok());  // more than a slot's context
     EXPECT_FALSE(pass.map_kv_pages(4, {0}).ok());        // no such slot
+    EXPECT_TRUE(pass.run(b, logits).ok());               // the refused maps changed nothing
 
     // A pool smaller than one context is refused at open.
     eo.kv_tokens = 20;

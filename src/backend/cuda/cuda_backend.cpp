@@ -220,9 +220,7 @@ public:
 
     // ---- per-batch state --------------------------------------------------------
 
-    void map_kv_pages(int slot, const std::vector<int32_t>& pages) override {
-        if (Status st = pages_.map(slot, pages); !st.ok()) note(st);
-    }
+    Status map_kv_pages(int slot, const std::vector<int32_t>& pages) override { return pages_.map(slot, pages); }
 
     void set_batch(const BatchLayout& layout) override {
         finish_step();
