@@ -17,7 +17,7 @@
 // launch: their grids often fill only part of the GPU, and the next grid,
 // placed early, would crowd its CTAs onto the few idle SMs and run unevenly
 // (64-sequence decode lost 5% that way). Without the call, the next grid is
-// placed as their CTAs exit.
+// placed once all their CTAs have exited.
 //
 // The order of operations and every bit of every result are the same with
 // and without PDL: it only moves when a kernel's CTAs are placed.
@@ -47,9 +47,9 @@ __device__ __forceinline__ void after_prior_grids() {
     allow_dependent_launch();
 }
 
-// True where this build's sm_90 code runs on the current device (the device
-// is sm_90 or newer and the build carries sm_90 machine code for it); cached
-// per device.
+// True where code compiled for sm_90 or newer runs on the current device
+// (machine code, or PTX of compute_90 or newer compiled for it); cached per
+// device.
 bool sm90_code_runs_here();
 
 // True where kernels are launched with PDL: sm90_code_runs_here(), unless the
@@ -57,7 +57,8 @@ bool sm90_code_runs_here();
 bool pdl_enabled();
 
 // kernel<<<grid, block, smem, stream>>>(args...), with PDL where enabled. The
-// kernel must follow the rule at the top of this file.
+// kernel must follow the rule at the top of this file. A failed launch sets
+// the error cudaGetLastError() reports, as <<<>>> does (kernels.h).
 template <typename... Params, typename... Args>
 void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
     cudaLaunchAttribute attr[1];
