@@ -593,29 +593,47 @@ __global__ void __launch_bounds__(kPrefillWarps * kWarp)
 // One CTA of head_dim threads per (token, head) row; thread d merges dim d
 // of the segments first/seg_len..pos/seg_len in order (attention_internal.cuh), as the
 // direct kernels merge them. Every thread computes the same running max and
-// denominator from the same values, so they agree bit for bit.
+// denominator from the same values, so they agree bit for bit. The merge is a
+// chain, but its loads are not: m and l are staged in shared memory by the
+// whole CTA and each thread loads kBatch segments' acc before merging them,
+// so a row costs a few memory latencies, not one per segment.
 __global__ void attention_combine_kernel(KvLayer kv, int n_heads, int head_dim, const int32_t* slot,
                                          const int32_t* pos, Partials part, int seg_len, int window, float* out) {
+    constexpr int kBatch = 8;
+    __shared__ float seg_m[kMaxSegments], seg_l[kMaxSegments];
     after_prior_grids();
     const int64_t row = blockIdx.x;
     const int64_t t = row / n_heads;
     const int d = int(threadIdx.x);
     const int32_t s = slot[t], last = pos[t];
-    if (!in_cache(kv, s, last)) {
+    if (!in_cache(kv, s, last)) {  // the whole CTA leaves: no barrier is skipped
         out[row * head_dim + d] = NAN;
         return;
     }
-    const int n_seg = last / seg_len + 1;  // <= part.n_seg since last < n_ctx
-    const int64_t r0 = row * part.n_seg;
-    float m = -INFINITY, l = 0.0f, a = 0.0f;
     // Segments before the window's were not written (and hold no position).
-    for (int i = context_first(last, window) / seg_len; i < n_seg; ++i) {
-        const float seg_m = part.m[r0 + i];
-        if (seg_m == -INFINITY) continue;  // no position (never for a segment up to pos; kept as the kernels do)
-        const MergeWeights w = merge_weights(m, seg_m);
-        l = merge_value(l, part.l[r0 + i], w);
-        a = merge_value(a, part.acc[(r0 + i) * head_dim + d], w);
-        m = w.m;
+    const int i0 = context_first(last, window) / seg_len;
+    const int n_seg = last / seg_len + 1;  // <= part.n_seg <= kMaxSegments since last < n_ctx
+    const int64_t r0 = row * part.n_seg;
+    for (int i = i0 + d; i < n_seg; i += int(blockDim.x)) {
+        seg_m[i] = part.m[r0 + i];
+        seg_l[i] = part.l[r0 + i];
+    }
+    __syncthreads();
+    float m = -INFINITY, l = 0.0f, a = 0.0f;
+    for (int b = i0; b < n_seg; b += kBatch) {
+        float acc[kBatch];
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) acc[j] = b + j < n_seg ? part.acc[(r0 + b + j) * head_dim + d] : 0.0f;
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) {
+            const int i = b + j;
+            // No position (never for a segment up to pos; kept as the kernels do).
+            if (i >= n_seg || seg_m[i] == -INFINITY) continue;
+            const MergeWeights w = merge_weights(m, seg_m[i]);
+            l = merge_value(l, seg_l[i], w);
+            a = merge_value(a, acc[j], w);
+            m = w.m;
+        }
     }
     const float inv = l > 0.0f ? __fdiv_rn(1.0f, l) : 0.0f;
     out[row * head_dim + d] = a * inv;

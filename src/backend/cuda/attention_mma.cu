@@ -169,17 +169,23 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
     }
 
     // q as hi/lo f16 A fragments: a[0] row g, a[1] row g + 8, dims 16k + 2tig
-    // (+1); a[2], a[3] the same rows, dims + 8.
+    // (+1); a[2], a[3] the same rows, dims + 8. A split CTA (one segment of
+    // one token) loads them once its first chunk is under way, so the two
+    // latencies overlap; in the direct kernels that order cost pp512 at depth
+    // 4096 0.8%, so they load q first.
     unsigned qa_hi[KS][4], qa_lo[KS][4];
+    auto load_q = [&]() {
 #pragma unroll
-    for (int k = 0; k < KS; ++k)
+        for (int k = 0; k < KS; ++k)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int h = i & 1, dim = 16 * k + 2 * tig + 8 * (i >> 1);
-            float2 x = make_float2(0.0f, 0.0f);
-            if (cached[h]) x = *reinterpret_cast<const float2*>(q + out_row[h] * HD + dim);
-            split_pair(x.x, x.y, qa_hi[k][i], qa_lo[k][i]);
-        }
+            for (int i = 0; i < 4; ++i) {
+                const int h = i & 1, dim = 16 * k + 2 * tig + 8 * (i >> 1);
+                float2 x = make_float2(0.0f, 0.0f);
+                if (cached[h]) x = *reinterpret_cast<const float2*>(q + out_row[h] * HD + dim);
+                split_pair(x.x, x.y, qa_hi[k][i], qa_lo[k][i]);
+            }
+    };
+    if constexpr (!split) load_q();
 
     float acc[NT][4];
 #pragma unroll
@@ -223,6 +229,12 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
 #pragma unroll
         for (int h = 0; h < 2; ++h) end[h] = row_slot[h] == s ? row_end[h] : 0;
         const int warp_end = __reduce_max_sync(kAll, unsigned(max(end[0], end[1])));
+        // Whether any of the warp's rows 8..15 is in this pass. A row outside
+        // it keeps its state bit for bit (correction 1, probabilities 0), so
+        // skipping that half's softmax changes nothing. Split decode warps with
+        // at most 8 rows (one token, a GQA group of up to 8) skip it always;
+        // the direct kernels' tiles are mostly full and keep their code.
+        const bool upper_live = !split || __any_sync(kAll, end[1] > 0);
         const SlotRows k_rows = slot_rows(kv.k, kv, s, kvh);
         const SlotRows v_rows = slot_rows(kv.v, kv, s, kvh);
 
@@ -235,6 +247,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
         };
         __syncthreads();  // the previous pass's warps are done with both buffers
         if (begin < stage_end) issue(begin);
+        if constexpr (split) {
+            if (ps == 0) load_q();
+        }
         for (int c0 = begin; c0 < stage_end; c0 += kChunk) {
             const int buf = ((c0 - begin) / kChunk) & 1;
             if constexpr (!split) {
@@ -272,6 +287,11 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
             float p[2][8];
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
+                if (h == 1 && !upper_live) {  // warp-uniform
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) p[1][i] = 0.0f;
+                    continue;
+                }
                 float mx = -INFINITY;
 #pragma unroll
                 for (int i = 0; i < 4; ++i)
@@ -310,9 +330,13 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
             for (int k = 0; k < 2; ++k) {
                 unsigned pa_hi[4], pa_lo[4];
                 split_pair(p[0][4 * k], p[0][4 * k + 1], pa_hi[0], pa_lo[0]);
-                split_pair(p[1][4 * k], p[1][4 * k + 1], pa_hi[1], pa_lo[1]);
                 split_pair(p[0][4 * k + 2], p[0][4 * k + 3], pa_hi[2], pa_lo[2]);
-                split_pair(p[1][4 * k + 2], p[1][4 * k + 3], pa_hi[3], pa_lo[3]);
+                if (upper_live) {
+                    split_pair(p[1][4 * k], p[1][4 * k + 1], pa_hi[1], pa_lo[1]);
+                    split_pair(p[1][4 * k + 2], p[1][4 * k + 3], pa_hi[3], pa_lo[3]);
+                } else {  // what splitting the zero probabilities gives
+                    pa_hi[1] = pa_lo[1] = pa_hi[3] = pa_lo[3] = 0u;
+                }
 #pragma unroll
                 for (int j = 0; j < NT; j += 2) {
                     unsigned b[4];
