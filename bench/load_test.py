@@ -5,11 +5,13 @@ time to first token and inter-token latency (median and p99) for each N.
 
     python3 bench/load_test.py [--build build] [--clients 1,8,32] [--parallel 8]
                                [--requests 2] [--max-tokens 32] [--url http://host:port]
+                               [--serve-args "--itl-stretch 0"]
 
 Without --url it starts `tern serve` itself on a free loopback port. Not a
 test: the numbers depend on the machine and whatever else runs on it."""
 
 import argparse
+import shlex
 import http.client
 import json
 import random
@@ -120,6 +122,7 @@ def main():
     ap.add_argument("--requests", type=int, default=2, help="requests per client")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--serve-args", default="", help="more arguments for the server it starts, e.g. \"--itl-stretch 0\"")
     args = ap.parse_args()
 
     proc = None
@@ -128,7 +131,7 @@ def main():
         host, port = u.hostname, u.port or 80
     else:
         cmd = [str(Path(args.build) / "tern"), "serve", "-m", args.model, "--port", "0", "--parallel",
-               str(args.parallel), "--ctx", "512", "--threads", str(args.threads), "--max-queue", "256"]
+               str(args.parallel), "--ctx", "512", "--threads", str(args.threads), "--max-queue", "256"] + shlex.split(args.serve_args)
         proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
         host, port = "127.0.0.1", None
         for line in proc.stderr:

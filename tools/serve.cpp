@@ -33,6 +33,7 @@ struct ServeOptions {
     int kv_tokens = 0;
     int max_queue = 64;
     int max_body = 1 << 20;
+    float itl_stretch = 1.5f;
 };
 
 void run_serve(const ServeOptions& o, const CLI::App& cmd) {
@@ -40,6 +41,8 @@ void run_serve(const ServeOptions& o, const CLI::App& cmd) {
     if (o.parallel < 1 || o.parallel > 256) fail(kCmd, "--parallel must be between 1 and 256 (got " + std::to_string(o.parallel) + ")");
     if (o.kv_tokens < 0) fail(kCmd, "--kv-tokens must be 0 (automatic) or more (got " + std::to_string(o.kv_tokens) + ")");
     if (o.max_queue < 0) fail(kCmd, "--max-queue must be 0 or more (got " + std::to_string(o.max_queue) + ")");
+    if (!(o.itl_stretch == 0 || (o.itl_stretch > 1 && o.itl_stretch <= 100)))
+        fail(kCmd, "--itl-stretch must be 0 (no cap) or above 1 and at most 100 (got " + std::to_string(o.itl_stretch) + ")");
     if (o.max_body < 1) fail(kCmd, "--max-body must be at least 1 byte (got " + std::to_string(o.max_body) + ")");
     if (o.http.port < 0 || o.http.port > 65535) fail(kCmd, "--port must be between 0 and 65535 (got " + std::to_string(o.http.port) + ")");
     if (o.http.timeout_s < 1) fail(kCmd, "--timeout must be at least 1 second (got " + std::to_string(o.http.timeout_s) + ")");
@@ -128,6 +131,7 @@ void run_serve(const ServeOptions& o, const CLI::App& cmd) {
 
     runtime::SchedulerOptions so;
     so.max_queue = o.max_queue;
+    so.itl_stretch = o.itl_stretch;
     runtime::Scheduler scheduler(*engine, so);
     {
         std::lock_guard<std::mutex> lock(stop_mu);
@@ -160,6 +164,10 @@ void add_serve_command(CLI::App& app) {
     cmd->add_option("--api-key", o->http.api_key, "Require 'Authorization: Bearer KEY' on the API (not on /health)")
         ->type_name("KEY");
     add_int_option(cmd, kCmd, "--max-queue", o->max_queue, "Requests waiting for a slot before 503 (default 64)");
+    add_float_option(cmd, kCmd, "--itl-stretch", o->itl_stretch,
+                     "While sequences decode, a step takes only the prompt tokens that keep it within this many "
+                     "times what its decoding sequences alone take, learned from the steps' times, and at least 8; "
+                     "longer prompts span steps (default 1.5; 0: as many as --batch holds)");
     add_int_option(cmd, kCmd, "--max-body", o->max_body, "Largest request body in bytes (default 1048576)");
     add_int_option(cmd, kCmd, "--timeout", o->http.timeout_s,
                    "Seconds to receive a request body, and for each write to a client (default 600)");

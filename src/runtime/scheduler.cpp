@@ -44,6 +44,7 @@ Scheduler::Scheduler(Engine& engine, SchedulerOptions options)
       n_slots_(engine.forward().n_slots()),
       n_ctx_(engine.n_ctx()),
       max_batch_(engine.forward().max_tokens()),
+      budget_(options.itl_stretch),
       slots_(size_t(engine.forward().n_slots())),
       pool_(engine.forward().kv_pool_pages(), engine.forward().kv_page_size()) {
     stats_.kv_pages = pool_.n_pages();
@@ -314,16 +315,17 @@ bool Scheduler::step() {
         row_slot.push_back(i);
         in_batch.push_back(i);
     }
-    // Then prompt chunks with the room left; a long prompt spans steps. A
-    // chunk short of a page waits for one (pausing others only when nothing
-    // else can run, below).
+    // Then prompt chunks with the room left, within the prompt budget while
+    // sequences decode; a long prompt spans steps. A chunk short of a page
+    // waits for one (pausing others only when nothing else can run, below).
+    const size_t n_decode = batch.size();
+    size_t prompt_room = budget_.allow(n_decode, size_t(max_batch_) - n_decode);
     for (size_t i : by_age) {
         Slot& slot = slots_[i];
-        if (int(batch.size()) >= max_batch_) break;
+        if (prompt_room == 0) break;
         if (!slot.seq || slot.seq->paused || slot.seq->decoding) continue;
         Sequence& s = *slot.seq;
-        const size_t room = size_t(max_batch_) - batch.size();
-        const size_t n = std::min(room, s.feed.size() - s.n_fed);
+        const size_t n = std::min(prompt_room, s.feed.size() - s.n_fed);
         size_t j = 0;
         for (; j < n; ++j) {
             if (!grow(slot)) {
@@ -337,6 +339,7 @@ bool Scheduler::step() {
             if (logits) row_slot.push_back(i);
         }
         if (j == 0) continue;
+        prompt_room -= j;
         s.n_fed += j;
         if (!s.feed_wants_logits && s.n_fed == s.feed.size()) s.decoding = true;  // refilled: go on decoding
         in_batch.push_back(i);
@@ -376,6 +379,7 @@ bool Scheduler::step() {
     const auto t_forward = Clock::now();
     const Status st = engine_.forward().run(batch, logits);
     const auto t_sample = Clock::now();
+    if (st.ok()) budget_.record(n_decode, batch.size() - n_decode, ms_between(t_forward, t_sample) / 1000.0);
     {
         std::lock_guard<std::mutex> lock(mu_);
         ++stats_.steps;

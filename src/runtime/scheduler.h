@@ -1,7 +1,9 @@
 // Continuous batching: one thread owns the Engine and serves many requests at
 // once. Requests wait in a bounded queue; each step builds one Batch holding
 // the next token of every decoding sequence plus prefill chunks of newly
-// admitted prompts, runs it, and samples each sequence from its own logits row.
+// admitted prompts (as many as the prompt budget lets a step carry beside its
+// decoding sequences: runtime/prompt_budget.h), runs it, and samples each
+// sequence from its own logits row.
 // Each sequence has its own KV slot, sampler (seeded per request), streaming
 // detokenizer and stop matcher. Because the kernels are batch-invariant, a
 // request's greedy output does not depend on what it was batched with.
@@ -33,12 +35,17 @@
 #include "base/result.h"
 #include "runtime/engine.h"
 #include "runtime/kv_pages.h"
+#include "runtime/prompt_budget.h"
 #include "runtime/session.h"
 
 namespace tern::runtime {
 
 struct SchedulerOptions {
     int max_queue = 64;  // requests waiting for a slot (beyond the free slots); more are rejected
+    // While sequences decode, a step carries only the prompt tokens that keep
+    // it within this many times what its decoding sequences alone take
+    // (runtime/prompt_budget.h); 1 or less: as many as fit.
+    double itl_stretch = 1.5;
 };
 
 // What a request reports back, from the scheduler thread. Exactly one of
@@ -139,6 +146,7 @@ private:
     Engine& engine_;
     SchedulerOptions options_;
     int n_slots_, n_ctx_, max_batch_;
+    PromptBudget budget_;      // scheduler thread
     std::vector<Slot> slots_;  // touched only by the scheduler thread (after construction)
     KvPagePool pool_;          // likewise
     uint64_t next_order_ = 0;  // admission order of the sequences

@@ -385,6 +385,8 @@ def test_bench_batched_mistakes(args, needle):
     (["perplexity"], "no text"),
     (["bench", "-p", "16,x"], "-p: 'x' is not an integer"),
     (["bench", "-o", "xml"], "unknown format 'xml'"),
+    (["serve", "--itl-stretch", "0.5"], "--itl-stretch must be 0 (no cap) or above 1"),
+    (["serve", "--itl-stretch", "nan"], "--itl-stretch: 'nan' is not a finite number"),
 ])
 def test_errors_exit_1_with_a_message(args, needle):
     r = tern(*args)
