@@ -33,7 +33,7 @@ struct ServeOptions {
     int kv_tokens = 0;
     int max_queue = 64;
     int max_body = 1 << 20;
-    float itl_stretch = 1.5f;
+    float itl_stretch = 0;
 };
 
 void run_serve(const ServeOptions& o, const CLI::App& cmd) {
@@ -167,7 +167,7 @@ void add_serve_command(CLI::App& app) {
     add_float_option(cmd, kCmd, "--itl-stretch", o->itl_stretch,
                      "While sequences decode, a step takes only the prompt tokens that keep it within this many "
                      "times what its decoding sequences alone take, learned from the steps' times, and at least 8; "
-                     "longer prompts span steps (default 1.5; 0: as many as --batch holds)");
+                     "longer prompts span steps (default 0: as many as --batch holds)");
     add_int_option(cmd, kCmd, "--max-body", o->max_body, "Largest request body in bytes (default 1048576)");
     add_int_option(cmd, kCmd, "--timeout", o->http.timeout_s,
                    "Seconds to receive a request body, and for each write to a client (default 600)");

@@ -316,16 +316,20 @@ bool Scheduler::step() {
         in_batch.push_back(i);
     }
     // Then prompt chunks with the room left, within the prompt budget while
-    // sequences decode; a long prompt spans steps. A chunk short of a page
-    // waits for one (pausing others only when nothing else can run, below).
+    // sequences decode (a paused sequence's refill, a stream already
+    // waiting, takes the batch's room); a long prompt spans steps. A chunk
+    // short of a page waits for one (pausing others only when nothing else
+    // can run, below).
     const size_t n_decode = batch.size();
     size_t prompt_room = budget_.allow(n_decode, size_t(max_batch_) - n_decode);
     for (size_t i : by_age) {
         Slot& slot = slots_[i];
-        if (prompt_room == 0) break;
+        if (int(batch.size()) >= max_batch_) break;
         if (!slot.seq || slot.seq->paused || slot.seq->decoding) continue;
         Sequence& s = *slot.seq;
-        const size_t n = std::min(prompt_room, s.feed.size() - s.n_fed);
+        const size_t batch_room = size_t(max_batch_) - batch.size();
+        const size_t room = s.feed_wants_logits ? std::min(prompt_room, batch_room) : batch_room;
+        const size_t n = std::min(room, s.feed.size() - s.n_fed);
         size_t j = 0;
         for (; j < n; ++j) {
             if (!grow(slot)) {
@@ -339,7 +343,7 @@ bool Scheduler::step() {
             if (logits) row_slot.push_back(i);
         }
         if (j == 0) continue;
-        prompt_room -= j;
+        if (s.feed_wants_logits) prompt_room -= std::min(prompt_room, j);
         s.n_fed += j;
         if (!s.feed_wants_logits && s.n_fed == s.feed.size()) s.decoding = true;  // refilled: go on decoding
         in_batch.push_back(i);

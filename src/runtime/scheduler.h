@@ -44,8 +44,8 @@ struct SchedulerOptions {
     int max_queue = 64;  // requests waiting for a slot (beyond the free slots); more are rejected
     // While sequences decode, a step carries only the prompt tokens that keep
     // it within this many times what its decoding sequences alone take
-    // (runtime/prompt_budget.h); 1 or less: as many as fit.
-    double itl_stretch = 1.5;
+    // (runtime/prompt_budget.h); 1 or less (the default): as many as fit.
+    double itl_stretch = 0;
 };
 
 // What a request reports back, from the scheduler thread. Exactly one of

@@ -175,6 +175,41 @@ TEST(Scheduler, TogetherEqualsAlone) {
     EXPECT_EQ(r->tokens, alone[0].tokens);
 }
 
+// With the prompt budget on (--itl-stretch), prompts that join decoding
+// sequences are cut into the chunks the step times allow, and a count of
+// decoding sequences not yet timed alone first runs a step without prompt
+// tokens: the outputs stay those of the requests alone, and every request ends.
+TEST(Scheduler, WithAPromptBudgetTogetherEqualsAlone) {
+    const uint64_t seed = std::random_device{}();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937_64 rng(seed);
+    auto engine = open_engine(4, 128, 64);
+    ASSERT_TRUE(engine);
+    std::vector<std::vector<int32_t>> prompts;
+    for (int i = 0; i < 8; ++i) prompts.push_back(random_prompt(rng, engine->n_vocab(), 3 + int(rng() % 100)));
+    const GenerateOptions opts = greedy(12);
+
+    std::vector<GenerateResult> alone;
+    {
+        Scheduler s(*engine, {});
+        for (const auto& prompt : prompts) alone.push_back(submit(s, prompt, opts).future.get());
+    }
+    SchedulerOptions budgeted;
+    budgeted.itl_stretch = 1.5;
+    Scheduler s(*engine, budgeted);
+    std::vector<Pending> ps;
+    for (const auto& prompt : prompts) {
+        ps.push_back(submit(s, prompt, opts));
+        ASSERT_EQ(ps.back().submitted.admission, Admission::Accepted);
+    }
+    for (size_t i = 0; i < ps.size(); ++i) {
+        SCOPED_TRACE("request " + std::to_string(i));
+        const GenerateResult r = ps[i].future.get();
+        EXPECT_EQ(r.tokens, alone[i].tokens);
+        EXPECT_EQ(r.finish, FinishReason::Length);
+    }
+}
+
 TEST(Scheduler, CancelFreesTheSlot) {
     auto engine = open_engine(1, 256, 32);
     ASSERT_TRUE(engine);
