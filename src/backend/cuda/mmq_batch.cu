@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "backend/cuda/block_decode.cuh"
+#include "backend/cuda/bulk_copy.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/ldmatrix.cuh"
@@ -355,40 +356,18 @@ static_assert(sizeof(Staged<8>) % 16 == 0, "the bulk copies' destinations stay 1
 // picks it there (sm90_code_runs_here).
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 
-__device__ __forceinline__ unsigned smem_addr(const void* p) { return unsigned(__cvta_generic_to_shared(p)); }
-
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, int bytes, uint64_t* bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                     smem_addr(dst)),
-                 "l"(src), "r"(bytes), "r"(smem_addr(bar))
-                 : "memory");
-}
-
 // Issue the copies of super-block kc of tokens 0..NT-1 (from n on, token
 // n - 1); lane 0 first tells the barrier how many bytes to wait for.
 template <int NT>
 __device__ __forceinline__ void stage_tokens(const DevAct& a, int n, int64_t kc, Staged<NT>& st) {
     const int lane = threadIdx.x & 31;
-    if (lane == 0)
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(&st.full)),
-                     "r"(NT * (256 + 16))
-                     : "memory");
+    if (lane == 0) mbarrier_expect_bytes(&st.full, NT * (256 + 16));
     __syncwarp();
     for (int t = lane; t < NT; t += 32) {
         const int64_t b0 = int64_t(min(t, n - 1)) * a.blocks + kc * 8;
         bulk_copy(st.act[t], a.qs + b0 * 32, 256, &st.full);
         bulk_copy(st.d[t], a.d + b0, 16, &st.full);
     }
-}
-
-__device__ __forceinline__ void wait_staged(uint64_t* bar, unsigned phase) {
-    unsigned done = 0;
-    while (!done)
-        asm volatile(
-            "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-            : "=r"(done)
-            : "r"(smem_addr(bar)), "r"(phase)
-            : "memory");
 }
 
 // Super-block kc of the rows in rw against the staged tokens (landed).
@@ -499,10 +478,7 @@ __global__ void __launch_bounds__(kThreads) mmq_batch_staged_kernel(DevWeight w,
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t row0 = int64_t(blockIdx.x) * kRows;
     const int64_t nsb = w.cols / 256;
-    if (lane == 0) {
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(&st[warp].full)) : "memory");
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
+    if (lane == 0) mbarrier_init(&st[warp].full);
     __syncwarp();
     float acc[per_thread];
 #pragma unroll
@@ -513,7 +489,7 @@ __global__ void __launch_bounds__(kThreads) mmq_batch_staged_kernel(DevWeight w,
             LaneRow<T, WIDE> rw[2][2];
             load_rows(w, row0, kc, rw);
             stage_tokens<NT>(a, n, kc, st[warp]);
-            wait_staged(&st[warp].full, unsigned(w0 / kWarps) & 1);
+            mbarrier_wait(&st[warp].full, unsigned(w0 / kWarps) & 1);
             super_block_staged<T, WIDE, NT>(rw, st[warp]);
         }
         __syncthreads();
@@ -521,7 +497,7 @@ __global__ void __launch_bounds__(kThreads) mmq_batch_staged_kernel(DevWeight w,
             acc, int(min64(kWarps, nsb - w0)), [&](int s, int t) { return st[s].d[t][0]; },
             [&](int s, int t, int row) { return st[s].inner(t)[row]; });
         // The buffers are restaged in the next window, by the async proxy.
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        fence_shared_for_bulk_copies();
         __syncthreads();
     }
     store_outputs(acc, n, row0, w.rows, y, y_stride);
