@@ -134,14 +134,16 @@ def main():
                str(args.parallel), "--ctx", "512", "--threads", str(args.threads), "--max-queue", "256"] + shlex.split(args.serve_args)
         proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
         host, port = "127.0.0.1", None
+        said = []  # what the server printed, shown if it does not start
         for line in proc.stderr:
+            said.append(line)
             m = re.search(r"listening on http://[^:]+:(\d+)", line)
             if m:
                 port = int(m.group(1))
             if "model loaded" in line:
                 break
         if port is None:
-            sys.exit("tern serve did not start")
+            sys.exit("tern serve did not start:\n" + "".join(said[-10:]))
         threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
 
     try:

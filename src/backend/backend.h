@@ -161,7 +161,8 @@ public:
     // --- mixture of experts (Mixtral, Qwen3-MoE) ---
     // Routes each token of the current batch (logits: a row per token, a
     // column per expert) to the k experts of largest logit, the largest first
-    // (ties: the lower index; NaN counts as -inf), weighted by the softmax
+    // (ties: the lower index; NaN counts as -inf, in the ranking and the
+    // weights), weighted by the softmax
     // over those k logits: exp(l_j - l_0) / sum_i exp(l_i - l_0), summed in
     // order (a softmax over every expert renormalised over the chosen ones).
     // The routing is held for the calls below until the next route_experts.

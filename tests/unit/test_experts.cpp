@@ -45,6 +45,10 @@ TEST(RouteTopK, LargestFirstTiesToTheLowerIndexNanLast) {
     backend::cpu::route_top_k(logits, 7, 7, all, wall);
     EXPECT_EQ(all[5], 4);
     EXPECT_EQ(all[6], 2);  // NaN counts as -inf
+    EXPECT_EQ(wall[6], 0.0f);  // and weighs nothing: the token stays a number
+    float rest = 0.0f;
+    for (int j = 0; j < 6; ++j) rest += wall[j];
+    EXPECT_NEAR(rest, 1.0f, 1e-6f);
 }
 
 struct Experts {

@@ -108,8 +108,10 @@ void route_top_k(const float* logits, int n_expert, int k, int32_t* ids, float* 
         taken[best >> 6] |= uint64_t(1) << (best & 63);
         ids[j] = best;
     }
+    // A NaN logit weighs as -inf too: an expert chosen only because fewer than
+    // k logits are numbers gets weight 0 instead of making the token NaN.
     float sum = 0.0f;
-    for (int j = 0; j < k; ++j) sum += (weights[j] = std::exp(logits[ids[j]] - logits[ids[0]]));
+    for (int j = 0; j < k; ++j) sum += (weights[j] = std::exp(key(ids[j]) - key(ids[0])));
     for (int j = 0; j < k; ++j) weights[j] /= sum;
 }
 

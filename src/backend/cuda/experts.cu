@@ -54,10 +54,10 @@ __global__ void route_kernel(const float* __restrict__ logits, int64_t n_tokens,
         if (lane == 0) ids[t * k + j] = bidx;
     }
     if (lane == 0) {
-        const float l0 = row[ids[t * k]];
+        auto key = [&](int j) { const float x = row[ids[t * k + j]]; return isnan(x) ? -INFINITY : x; };
         float sum = 0.0f;
-        for (int j = 0; j < k; ++j) sum += expf(row[ids[t * k + j]] - l0);
-        for (int j = 0; j < k; ++j) weights[t * k + j] = expf(row[ids[t * k + j]] - l0) / sum;
+        for (int j = 0; j < k; ++j) sum += expf(key(j) - key(0));
+        for (int j = 0; j < k; ++j) weights[t * k + j] = expf(key(j) - key(0)) / sum;
     }
 }
 
