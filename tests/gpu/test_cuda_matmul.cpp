@@ -3,13 +3,13 @@
 //    quant::quantize_act_row_grouped (group 8) (qs, d, sum), on random normals
 //    with outliers and on blocks made to be hard: rounding ties, all-equal
 //    values, huge, tiny, subnormal, underflowing, signed-zero and NaN blocks;
-//  - mmvq (1, 3, 8 tokens), mmq_batch (K-quants, 1 ... 64 tokens) and mmq
-//    (1 ... 2048 tokens) give, for every weight
-//    type with an integer kernel and both q6_K layouts (raw 210-byte blocks and
-//    the 224-byte padding pad_q6_K makes), the bits of quant::dot_row_chunked
-//    (the order kernels.h documents; K-quants on grouped activations) for
-//    every (row, token), on ragged row counts and legacy rows that end in a
-//    partial chunk;
+//  - mmvq (1, 3, 8 tokens; alone and as parts of one launch), mmq_batch
+//    (K-quants, 1 ... 64 tokens) and mmq (1 ... 2048 tokens) give, for every
+//    weight type with an integer kernel and both q6_K layouts (raw 210-byte
+//    blocks and the 224-byte padding pad_q6_K makes), the bits of
+//    quant::dot_row_chunked (the order kernels.h documents; K-quants on
+//    grouped activations) for every (row, token), on ragged row counts and
+//    legacy rows that end in a partial chunk;
 //  - matmul_float (F32, F16, BF16 weights) within a stated float bound of the
 //    exact product, a token's bits the same whatever the batch (few-row
 //    matrices take another kernel with the same arithmetic; rows whose
@@ -453,6 +453,43 @@ TEST_P(CudaIntMatmul, EveryOutputHasTheCpuTwinsBits) {
         mmq_tokens.insert(mmq_tokens.end(), s.big_tokens.begin(), s.big_tokens.end());
         for (int64_t n : mmq_tokens) check(IntKernel::mmq, n);
         if (HasFatalFailure()) return;
+    }
+}
+
+// mmvq_parts: three matrices of one type (ragged row counts, the first CTA
+// of each part after a partial one) in one launch; every part's outputs are
+// the CPU twin's bits, its padding and the rows past it untouched.
+TEST_P(CudaIntMatmul, PartsInOneLaunchKeepTheirBits) {
+    const IntCase c = GetParam();
+    const TensorType tt = tensor_type(c.type);
+    SCOPED_TRACE("seed " + std::to_string(seed()));
+    constexpr int kParts = 3;
+    const int64_t cols = 4096, rows[kParts] = {130, 37, 4096};
+    const int64_t n_max = kMmvqTokens[std::size(kMmvqTokens) - 1];
+    const HostActs acts = make_acts(n_max, cols, cuda::act_group(c.type), 4000);
+    const DeviceActs dev_acts = upload_acts(acts);
+    DeviceWeights dw[kParts];
+    std::vector<float> ref[kParts];
+    for (int i = 0; i < kParts; ++i) {
+        const HostWeights w = make_weights(tt, rows[i], cols, uint32_t(5000 + 10 * int(c.type) + i));
+        ref[i] = reference(w, acts, n_max);
+        upload_weights(w, c.type, c.layout, dw[i]);
+        if (HasFatalFailure()) return;
+    }
+    for (int64_t n : kMmvqTokens) {
+        DeviceBuffer<float> y[kParts];
+        cuda::MatmulPart parts[kParts];
+        for (int i = 0; i < kParts; ++i) {
+            y[i] = DeviceBuffer<float>(size_t((n + 2) * (rows[i] + 3)));
+            y[i].poison();
+            parts[i] = cuda::MatmulPart{dw[i].view, y[i].get(), rows[i] + 3};
+            ASSERT_TRUE(cuda::mmvq_parts_compatible(parts[0].w, parts[i].w));
+        }
+        cuda::mmvq_parts(parts, kParts, dev_acts.view, int(n), nullptr);
+        sync_ok();
+        for (int i = 0; i < kParts; ++i)
+            check_output(y[i].download(), n, rows[i], rows[i] + 3, ref[i],
+                         case_name(c) + " part " + std::to_string(i) + ", " + std::to_string(n) + " tokens");
     }
 }
 

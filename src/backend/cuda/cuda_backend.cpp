@@ -83,6 +83,8 @@ public:
         be->graphs_enabled_ = !(graphs && std::string(graphs) == "0");
         if (const char* m = std::getenv("TERN_MMQ_BATCH_MIN")) be->mmq_batch_min_ = std::atoi(m);
         if (const char* m = std::getenv("TERN_MMQ_BATCH_ROWS")) be->mmq_batch_rows_ = std::atoll(m);
+        if (const char* m = std::getenv("TERN_MMVQ_PARTS"))
+            be->mmvq_max_parts_ = std::clamp(std::atoi(m), 1, cuda::kMmvqMaxParts);
         return std::unique_ptr<Backend>(std::move(be));
     }
 
@@ -287,25 +289,41 @@ public:
 
     // The integer-kernel matrices share one quantization of x, made again
     // only when a matrix needs the other activation group (K-quants next to
-    // legacy types).
+    // legacy types). Consecutive matrices that take mmvq with the same type
+    // and layout run as one launch over all their rows (q, k and v; gate and
+    // up); the biases are added after every product.
     void matmul_shared(Tensor x, std::initializer_list<MatmulTarget> targets) override {
         if (replaying_) return;
         const int64_t n = x.rows;
         cuda::DevAct a{act_qs_, act_d_, act_sum_, x.cols / 32, 0};  // group 0: x not quantized yet
+        cuda::MatmulPart run[cuda::kMmvqMaxParts];
+        int n_run = 0;
+        auto flush = [&] {
+            if (n_run > 0) cuda::mmvq_parts(run, n_run, a, int(n), stream_);
+            n_run = 0;
+        };
         for (const MatmulTarget& t : targets) {
             auto& d = *static_cast<DeviceWeight*>(t.w->impl);
             if (Status s = ensure_on_device(*t.w, d); !s.ok()) return note(s);
-            if (cuda::int_type(d.dev.type)) {
-                if (const int group = cuda::act_group(d.dev.type); a.group != group) {
-                    a.group = group;
-                    cuda::quantize_act(x.data, x.cols, n, x.cols, a, stream_);
-                }
-                int_matmul(d.dev, a, n, t.y.data, t.y.cols);
-            } else {
+            if (!cuda::int_type(d.dev.type)) {
                 cuda::matmul_float(d.dev, x.data, n, t.y.data, stream_);
+                continue;
             }
-            if (t.bias) cuda::add_bias(t.y.data, vec(*t.bias), n, t.y.cols, stream_);
+            if (const int group = cuda::act_group(d.dev.type); a.group != group) {
+                flush();  // the pending parts read the current quantization
+                a.group = group;
+                cuda::quantize_act(x.data, x.cols, n, x.cols, a, stream_);
+            }
+            if (int_kernel(d.dev, n) != IntKernel::mmvq) {
+                int_matmul(d.dev, a, n, t.y.data, t.y.cols);
+                continue;
+            }
+            if (n_run > 0 && (n_run == mmvq_max_parts_ || !cuda::mmvq_parts_compatible(run[0].w, d.dev))) flush();
+            run[n_run++] = cuda::MatmulPart{d.dev, t.y.data, t.y.cols};
         }
+        flush();
+        for (const MatmulTarget& t : targets)
+            if (t.bias) cuda::add_bias(t.y.data, vec(*t.bias), n, t.y.cols, stream_);
         launched("matmul");
     }
 
@@ -316,15 +334,20 @@ public:
     // tokens, q6_K from 4. Past 32 tokens a matrix of many rows fills the GPU
     // with mmq's tiles, which then win (g34: from 40 tokens, 54 against 58
     // us for 11,008 rows, 117 against 143 for 32,000).
-    void int_matmul(const cuda::DevWeight& w, const cuda::DevAct& a, int64_t n, float* y, int64_t ys) {
+    enum class IntKernel { mmq_batch, mmvq, mmq };
+    IntKernel int_kernel(const cuda::DevWeight& w, int64_t n) const {
         const int64_t from = mmq_batch_min_ > 0 ? mmq_batch_min_ : w.type == cuda::WType::Q6_K ? 4 : 3;
         const bool many_rows = n > 32 && w.rows > mmq_batch_rows_;
         if (cuda::mmq_batch_type(w.type) && n >= from && n <= cuda::kMmqBatchMaxTokens && !many_rows)
-            cuda::mmq_batch(w, a, int(n), y, ys, stream_);
-        else if (n <= cuda::kMmvqMaxTokens)
-            cuda::mmvq(w, a, int(n), y, ys, stream_);
-        else
-            cuda::mmq(w, a, n, y, ys, stream_);
+            return IntKernel::mmq_batch;
+        return n <= cuda::kMmvqMaxTokens ? IntKernel::mmvq : IntKernel::mmq;
+    }
+    void int_matmul(const cuda::DevWeight& w, const cuda::DevAct& a, int64_t n, float* y, int64_t ys) {
+        switch (int_kernel(w, n)) {
+            case IntKernel::mmq_batch: cuda::mmq_batch(w, a, int(n), y, ys, stream_); break;
+            case IntKernel::mmvq: cuda::mmvq(w, a, int(n), y, ys, stream_); break;
+            case IntKernel::mmq: cuda::mmq(w, a, n, y, ys, stream_); break;
+        }
     }
 
     void rope(Tensor x, int n_heads, int head_dim, const RopeParams& rope) override {
@@ -775,6 +798,8 @@ private:
     int64_t mmq_batch_min_ = 0;
     // Rows past which more than 32 tokens take mmq (TERN_MMQ_BATCH_ROWS, for A/B runs).
     int64_t mmq_batch_rows_ = 8192;
+    // Matrices one mmvq launch may take (TERN_MMVQ_PARTS=1: one each, for A/B runs).
+    int mmvq_max_parts_ = cuda::kMmvqMaxParts;
     std::deque<DeviceWeight> weights_;
     std::vector<void*> device_allocs_, host_allocs_;
     size_t device_bytes_ = 0;

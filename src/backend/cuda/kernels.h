@@ -77,6 +77,17 @@ void quantize_act(const float* x, int64_t x_stride, int64_t n_tokens, int64_t co
 // mmvq: 1..kMmvqMaxTokens tokens, reads each weight once per call (decode).
 constexpr int kMmvqMaxTokens = 8;
 void mmvq(const DevWeight& w, const DevAct& a, int n_tokens, float* y, int64_t y_stride, cudaStream_t stream);
+// Up to kMmvqMaxParts matrices of one type and layout that read the same
+// activations (q, k and v; gate and up) in one launch over all their rows:
+// each part's outputs are the bits mmvq gives it alone.
+constexpr int kMmvqMaxParts = 3;
+struct MatmulPart {
+    DevWeight w;
+    float* y = nullptr;
+    int64_t y_stride = 0;
+};
+bool mmvq_parts_compatible(const DevWeight& a, const DevWeight& b);
+void mmvq_parts(const MatmulPart* parts, int n_parts, const DevAct& a, int n_tokens, cudaStream_t stream);
 // mmq_batch: 1..kMmqBatchMaxTokens tokens of the K-quants (mmq_batch_type),
 // int8 tensor cores with a row tile's super-blocks split across warps (the
 // decode step of many sequences).

@@ -148,11 +148,24 @@ __device__ __forceinline__ void mmvq_row(const DevWeight& w, const DevAct& a, in
     }
 }
 
+// The parts of one launch: part i's rows are CTAs first_cta[i] .. first_cta[i + 1) - 1.
+struct Parts {
+    MatmulPart p[kMmvqMaxParts];
+    unsigned first_cta[kMmvqMaxParts + 1];
+    int n;
+};
+
 template <WType T, bool WIDE, int NT>
-__global__ void __launch_bounds__(kWarps * 32) mmvq_kernel(DevWeight w, DevAct a, float* __restrict__ y,
-                                                           int64_t y_stride) {
+__global__ void __launch_bounds__(kWarps * 32) mmvq_kernel(Parts parts, DevAct a) {
     after_prior_grids();
-    mmvq_row<T, WIDE, NT>(w, a, int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5), y, y_stride);
+    // This CTA's part, by selects (no indexing into the parameters).
+    unsigned first = 0;
+    MatmulPart part = parts.p[0];
+#pragma unroll
+    for (int i = 1; i < kMmvqMaxParts; ++i)
+        if (i < parts.n && blockIdx.x >= parts.first_cta[i]) part = parts.p[i], first = parts.first_cta[i];
+    mmvq_row<T, WIDE, NT>(part.w, a, int64_t(blockIdx.x - first) * kWarps + (threadIdx.x >> 5), part.y,
+                          part.y_stride);
 }
 
 // Routed row p = blockIdx.y: its expert's matrix against activation row p / per.
@@ -171,18 +184,18 @@ __global__ void __launch_bounds__(kWarps * 32) mmvq_experts_kernel(const uint8_t
 }
 
 template <WType T, bool WIDE>
-void launch_for(const DevWeight& w, const DevAct& a, int n, float* y, int64_t ys, cudaStream_t s) {
-    const unsigned grid = unsigned((w.rows + kWarps - 1) / kWarps);
+void launch_for(const Parts& parts, const DevAct& a, int n, cudaStream_t s) {
+    const unsigned grid = parts.first_cta[parts.n];
     const int threads = kWarps * 32;
     switch (n) {
-        case 1: launch(mmvq_kernel<T, WIDE, 1>, grid, threads, 0, s, w, a, y, ys); break;
-        case 2: launch(mmvq_kernel<T, WIDE, 2>, grid, threads, 0, s, w, a, y, ys); break;
-        case 3: launch(mmvq_kernel<T, WIDE, 3>, grid, threads, 0, s, w, a, y, ys); break;
-        case 4: launch(mmvq_kernel<T, WIDE, 4>, grid, threads, 0, s, w, a, y, ys); break;
-        case 5: launch(mmvq_kernel<T, WIDE, 5>, grid, threads, 0, s, w, a, y, ys); break;
-        case 6: launch(mmvq_kernel<T, WIDE, 6>, grid, threads, 0, s, w, a, y, ys); break;
-        case 7: launch(mmvq_kernel<T, WIDE, 7>, grid, threads, 0, s, w, a, y, ys); break;
-        default: launch(mmvq_kernel<T, WIDE, 8>, grid, threads, 0, s, w, a, y, ys); break;
+        case 1: launch(mmvq_kernel<T, WIDE, 1>, grid, threads, 0, s, parts, a); break;
+        case 2: launch(mmvq_kernel<T, WIDE, 2>, grid, threads, 0, s, parts, a); break;
+        case 3: launch(mmvq_kernel<T, WIDE, 3>, grid, threads, 0, s, parts, a); break;
+        case 4: launch(mmvq_kernel<T, WIDE, 4>, grid, threads, 0, s, parts, a); break;
+        case 5: launch(mmvq_kernel<T, WIDE, 5>, grid, threads, 0, s, parts, a); break;
+        case 6: launch(mmvq_kernel<T, WIDE, 6>, grid, threads, 0, s, parts, a); break;
+        case 7: launch(mmvq_kernel<T, WIDE, 7>, grid, threads, 0, s, parts, a); break;
+        default: launch(mmvq_kernel<T, WIDE, 8>, grid, threads, 0, s, parts, a); break;
     }
 }
 
@@ -199,10 +212,27 @@ void mmvq_experts(const uint8_t* const* experts, const DevWeight& w, const DevAc
 }
 
 void mmvq(const DevWeight& w, const DevAct& a, int n, float* y, int64_t ys, cudaStream_t s) {
-    if (n < 1 || n > kMmvqMaxTokens || w.rows < 1) return;
-    dispatch_int_type(w.type, w.block_stride, [&](auto tag) {
+    const MatmulPart part{w, y, ys};
+    mmvq_parts(&part, 1, a, n, s);
+}
+
+bool mmvq_parts_compatible(const DevWeight& a, const DevWeight& b) {
+    return a.type == b.type && a.block_stride == b.block_stride && a.cols == b.cols;
+}
+
+void mmvq_parts(const MatmulPart* parts, int n_parts, const DevAct& a, int n, cudaStream_t s) {
+    if (n < 1 || n > kMmvqMaxTokens || n_parts < 1 || n_parts > kMmvqMaxParts) return;
+    Parts p{};
+    p.first_cta[0] = 0;
+    for (int i = 0; i < n_parts; ++i) {
+        if (parts[i].w.rows < 1 || !mmvq_parts_compatible(parts[i].w, parts[0].w)) return;
+        p.p[i] = parts[i];
+        p.first_cta[i + 1] = p.first_cta[i] + unsigned((parts[i].w.rows + kWarps - 1) / kWarps);
+    }
+    p.n = n_parts;
+    dispatch_int_type(parts[0].w.type, parts[0].w.block_stride, [&](auto tag) {
         using Tag = decltype(tag);
-        launch_for<Tag::type, Tag::wide>(w, a, n, y, ys, s);
+        launch_for<Tag::type, Tag::wide>(p, a, n, s);
     });
 }
 
