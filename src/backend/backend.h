@@ -142,6 +142,27 @@ public:
     virtual void rope(Tensor x, int n_heads, int head_dim, const RopeParams& rope) = 0;
     // Writes K and V rows of the current batch into the cache at (slot, pos).
     virtual void kv_store(int layer, Tensor k, Tensor v) = 0;
+    // What attention() reads, made ready: each head of q and k normalised on
+    // its own where its weight is given (RMSNorm over head_dim, before RoPE:
+    // Gemma 3, Qwen3), q and k rotated by rope, k and v written to the cache.
+    // The bits of rms_norm (a row per head), rope, rope and kv_store called in
+    // that order, which is what this default does; a backend may do it in one
+    // pass.
+    struct AttentionInputs {
+        Tensor q, k, v;  // a row per token: n_heads (q) or n_kv_heads (k, v) heads of head_dim
+        int n_heads = 0, n_kv_heads = 0, head_dim = 0;
+        const Weight* q_norm = nullptr;  // head_dim weights, or null
+        const Weight* k_norm = nullptr;
+        float norm_eps = 0.0f;
+    };
+    virtual void prepare_attention(int layer, const AttentionInputs& in, const RopeParams& rope) {
+        auto per_head = [&](Tensor t) { return Tensor{t.data, t.rows * (t.cols / in.head_dim), in.head_dim}; };
+        if (in.q_norm) rms_norm(per_head(in.q), *in.q_norm, in.norm_eps, per_head(in.q));
+        if (in.k_norm) rms_norm(per_head(in.k), *in.k_norm, in.norm_eps, per_head(in.k));
+        this->rope(in.q, in.n_heads, in.head_dim, rope);
+        this->rope(in.k, in.n_kv_heads, in.head_dim, rope);
+        kv_store(layer, in.k, in.v);
+    }
     // out[t] = softmax(q[t] K^T * scale) V over positions first..pos[t] of slot[t], per head,
     // with grouped-query heads (n_heads / n_kv_heads query heads share a KV head).
     // window 0: first = 0; window w > 0 (sliding-window layers): first = max(0, pos[t] - w + 1),

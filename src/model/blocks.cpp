@@ -4,24 +4,16 @@ namespace tern::model {
 
 using backend::Tensor;
 
-namespace {
-// The same memory seen as one row per (token, head).
-Tensor per_head(Tensor t, int head_dim) { return Tensor{t.data, t.rows * (t.cols / head_dim), head_dim}; }
-}  // namespace
-
 void attention_block(const LayerPass& p, const Layer& L, int il, Tensor in, const backend::RopeParams& rope,
                      int window, Tensor out) {
     const Hparams& h = p.hp;
     p.be.matmul_shared(in, {{&L.wq, p.q, L.bq ? &L.bq : nullptr},
                             {&L.wk, p.k, L.bk ? &L.bk : nullptr},
                             {&L.wv, p.v, L.bv ? &L.bv : nullptr}});
-    if (L.q_norm) {  // each head normalised on its own, before RoPE
-        p.be.rms_norm(per_head(p.q, h.head_dim), L.q_norm, h.norm_eps, per_head(p.q, h.head_dim));
-        p.be.rms_norm(per_head(p.k, h.head_dim), L.k_norm, h.norm_eps, per_head(p.k, h.head_dim));
-    }
-    p.be.rope(p.q, h.n_head, h.head_dim, rope);
-    p.be.rope(p.k, h.n_head_kv, h.head_dim, rope);
-    p.be.kv_store(il, p.k, p.v);
+    p.be.prepare_attention(il,
+                           {p.q, p.k, p.v, h.n_head, h.n_head_kv, h.head_dim, L.q_norm ? &L.q_norm : nullptr,
+                            L.k_norm ? &L.k_norm : nullptr, h.norm_eps},
+                           rope);
     p.be.attention(il, p.q, h.n_head, h.attn_scale, window, p.att);
     p.be.matmul(L.wo, p.att, out);
     if (p.shard) p.be.all_reduce_sum(out);

@@ -415,6 +415,123 @@ TEST_F(CudaOps, KvStoreRoundsLikeFp32ToFp16) {
     }
 }
 
+// --- prepare_attention -----------------------------------------------------------
+
+// One launch for q/k norms, rope and kv_store: the bits of those kernels run
+// one after another (each held to its CPU twin above), on q, k, the written
+// back rows and every cache element, written or left alone.
+TEST_F(CudaOps, PrepareAttentionGivesTheBitsOfTheKernelsItJoins) {
+    SCOPED_TRACE(seed_text());
+    constexpr int kSlots = 3, kCtx = 64;
+    struct Config {
+        int n_heads, n_kv, head_dim, n_dims;
+        bool neox, norms, factors;
+    };
+    const Config configs[] = {
+        {32, 32, 128, 128, false, false, false},  // Llama 2
+        {32, 8, 128, 128, true, true, true},      // grouped heads, Qwen3's norms, frequency factors
+        {4, 1, 256, 256, true, true, false},      // Gemma 3 270M
+        {3, 3, 96, 64, true, false, false},       // partial rotary
+        {6, 2, 64, 64, false, true, false},       // 8 heads: a CTA with a head of each kind
+        {5, 1, 32, 32, false, false, true},
+    };
+    for (const Config& c : configs) {
+        for (int n_tokens : {1, 5, 40}) {
+            SCOPED_TRACE("heads " + std::to_string(c.n_heads) + "/" + std::to_string(c.n_kv) + " head_dim " +
+                         std::to_string(c.head_dim) + " n_dims " + std::to_string(c.n_dims) +
+                         (c.neox ? " neox" : " interleaved") + (c.norms ? " norms" : "") + " tokens " +
+                         std::to_string(n_tokens));
+            // Distinct cells, then a token outside the cache and one on an unmapped page: not stored.
+            std::vector<int32_t> cells(kSlots * kCtx);
+            for (size_t i = 0; i < cells.size(); ++i) cells[i] = int32_t(i);
+            std::shuffle(cells.begin(), cells.end(), rng_);
+            std::vector<int32_t> slot, pos;
+            for (int t = 0; t < n_tokens; ++t) {
+                slot.push_back(cells[size_t(t)] / kCtx);
+                pos.push_back(cells[size_t(t)] % kCtx);
+            }
+            slot.push_back(kSlots);
+            pos.push_back(uniform_int(0, kCtx - 1));
+            const ShuffledPages pages(kSlots, kCtx, 2, rng_, 1);
+            slot.push_back(kSlots - 1);
+            pos.push_back(kCtx - 1);
+            const int64_t rows = int64_t(slot.size());
+            const size_t qw = size_t(c.n_heads) * size_t(c.head_dim), kw = size_t(c.n_kv) * size_t(c.head_dim);
+            const std::vector<float> q = normal(size_t(rows) * qw, 0.0f, 3.0f), k = normal(size_t(rows) * kw, 0.0f, 3.0f),
+                                     v = normal(size_t(rows) * kw, 0.0f, 3.0f);
+            const std::vector<float> qn = normal(size_t(c.head_dim), 1.0f, 0.5f), kn = normal(size_t(c.head_dim), 1.0f, 0.5f);
+            std::vector<float> factors(size_t(c.n_dims / 2));
+            for (float& f : factors) f = uniform(1.0f, 8.0f);
+
+            DeviceBuffer<float> dqn(qn), dkn(kn), dfactors(factors), dv(v);
+            DeviceBuffer<int32_t> dslot(slot), dpos(pos), dtable(pages.table);
+            cuda::RopeArgs args;
+            args.head_dim = c.head_dim;
+            args.n_dims = c.n_dims;
+            args.neox = c.neox;
+            args.freq_base = 10000.0f;
+            args.freq_factors = c.factors ? dfactors.get() : nullptr;
+            const cuda::HeadNorms norms{c.norms ? dqn.get() : nullptr, c.norms ? dkn.get() : nullptr, 1e-6f};
+
+            // The steps apart.
+            DeviceBuffer<float> aq(q), ak(k);
+            DeviceBuffer<uint16_t> ak_cache(pages.rows() * kw), av_cache(pages.rows() * kw);
+            ak_cache.poison();
+            av_cache.poison();
+            const cuda::KvLayer a_layer = pages.layer(ak_cache.get(), av_cache.get(), dtable.get(), c.n_kv, c.head_dim);
+            if (c.norms) {
+                cuda::rms_norm(aq.get(), dqn.get(), norms.eps, aq.get(), rows * c.n_heads, c.head_dim, nullptr);
+                cuda::rms_norm(ak.get(), dkn.get(), norms.eps, ak.get(), rows * c.n_kv, c.head_dim, nullptr);
+            }
+            args.n_heads = c.n_heads;
+            cuda::rope(aq.get(), rows, dpos.get(), args, nullptr);
+            args.n_heads = c.n_kv;
+            cuda::rope(ak.get(), rows, dpos.get(), args, nullptr);
+            cuda::kv_store(a_layer, ak.get(), dv.get(), rows, dslot.get(), dpos.get(), nullptr);
+            ASSERT_NO_FATAL_FAILURE(sync_ok());
+
+            // In one launch.
+            DeviceBuffer<float> bq(q), bk(k);
+            DeviceBuffer<uint16_t> bk_cache(pages.rows() * kw), bv_cache(pages.rows() * kw);
+            bk_cache.poison();
+            bv_cache.poison();
+            const cuda::KvLayer b_layer = pages.layer(bk_cache.get(), bv_cache.get(), dtable.get(), c.n_kv, c.head_dim);
+            ASSERT_TRUE(cuda::prepare_attention_supported(c.head_dim, args));
+            cuda::prepare_attention(b_layer, bq.get(), bk.get(), dv.get(), rows, c.n_heads, norms, args, dslot.get(),
+                                    dpos.get(), nullptr);
+            ASSERT_NO_FATAL_FAILURE(sync_ok());
+
+            const std::vector<float> want_q = aq.download(), got_q = bq.download();
+            const std::vector<float> want_k = ak.download(), got_k = bk.download();
+            for (size_t i = 0; i < want_q.size(); ++i)
+                ASSERT_EQ(fp32_to_bits(got_q[i]), fp32_to_bits(want_q[i])) << "q element " << i;
+            for (size_t i = 0; i < want_k.size(); ++i)
+                ASSERT_EQ(fp32_to_bits(got_k[i]), fp32_to_bits(want_k[i])) << "k element " << i;
+            const std::vector<uint16_t> wk = ak_cache.download(), gk = bk_cache.download();
+            const std::vector<uint16_t> wv = av_cache.download(), gv = bv_cache.download();
+            size_t written = 0;
+            for (size_t i = 0; i < wk.size(); ++i) {
+                ASSERT_EQ(gk[i], wk[i]) << "K cache element " << i;
+                ASSERT_EQ(gv[i], wv[i]) << "V cache element " << i;
+                written += wk[i] != 0xffffu;
+            }
+            size_t mapped = 0;  // tokens with a mapped cache cell (slot 2's last page is not)
+            for (int t = 0; t < n_tokens; ++t) mapped += pages.page(slot[size_t(t)], pos[size_t(t)]) >= 0;
+            EXPECT_EQ(written, mapped * kw);  // and nothing for the two tokens outside the cache
+        }
+    }
+    // Shapes it does not take: the backend runs the kernels apart for them.
+    cuda::RopeArgs r;
+    r.head_dim = 288;
+    r.n_dims = 288;
+    EXPECT_FALSE(cuda::prepare_attention_supported(288, r));
+    r.head_dim = 128;
+    r.n_dims = 130;
+    EXPECT_FALSE(cuda::prepare_attention_supported(128, r));
+    r.n_dims = 128;
+    EXPECT_FALSE(cuda::prepare_attention_supported(100, r));
+}
+
 // --- attention -------------------------------------------------------------------
 
 TEST_F(CudaOps, AttentionSupportedShapes) {

@@ -43,6 +43,9 @@ public:
         be_->rope(x, n_heads, head_dim, rope);
     }
     void kv_store(int layer, backend::Tensor k, backend::Tensor v) override { be_->kv_store(layer, k, v); }
+    void prepare_attention(int layer, const AttentionInputs& in, const backend::RopeParams& rope) override {
+        be_->prepare_attention(layer, in, rope);
+    }
     void attention(int layer, backend::Tensor q, int n_heads, float scale, int window, backend::Tensor out) override {
         be_->attention(layer, q, n_heads, scale, window, out);
     }

@@ -83,6 +83,7 @@ public:
         be->graphs_enabled_ = !(graphs && std::string(graphs) == "0");
         if (const char* m = std::getenv("TERN_MMQ_BATCH_MIN")) be->mmq_batch_min_ = std::atoi(m);
         if (const char* m = std::getenv("TERN_MMQ_BATCH_ROWS")) be->mmq_batch_rows_ = std::atoll(m);
+        if (const char* f = std::getenv("TERN_CUDA_PREPARE_ATTENTION")) be->fused_attention_inputs_ = std::string(f) != "0";
         if (const char* m = std::getenv("TERN_MMVQ_PARTS"))
             be->mmvq_max_parts_ = std::clamp(std::atoi(m), 1, cuda::kMmvqMaxParts);
         return std::unique_ptr<Backend>(std::move(be));
@@ -352,18 +353,21 @@ public:
 
     void rope(Tensor x, int n_heads, int head_dim, const RopeParams& rope) override {
         if (replaying_) return;
-        cuda::RopeArgs r;
-        r.n_heads = n_heads;
-        r.head_dim = head_dim;
-        r.n_dims = rope.n_dims;
-        r.neox = rope.neox;
-        r.freq_base = rope.freq_base;
-        r.freq_scale = rope.freq_scale;
-        r.attn_factor = rope.attn_factor;
-        r.freq_factors = rope.freq_factors ? vec(*rope.freq_factors) : nullptr;
-        r.inv_freq = inv_freq_table(rope);
-        cuda::rope(x.data, x.rows, pos_dev_, r, stream_);
+        cuda::rope(x.data, x.rows, pos_dev_, rope_args(n_heads, head_dim, rope), stream_);
         launched("rope");
+    }
+
+    void prepare_attention(int layer, const AttentionInputs& in, const RopeParams& rope) override {
+        if (replaying_) return;
+        const cuda::RopeArgs r = rope_args(in.n_heads, in.head_dim, rope);
+        if (!fused_attention_inputs_ || !cuda::prepare_attention_supported(kv_shape_.head_dim, r) ||
+            in.head_dim != kv_shape_.head_dim || in.n_kv_heads != kv_shape_.n_kv_heads)
+            return Backend::prepare_attention(layer, in, rope);
+        const cuda::HeadNorms norms{in.q_norm ? vec(*in.q_norm) : nullptr, in.k_norm ? vec(*in.k_norm) : nullptr,
+                                    in.norm_eps};
+        cuda::prepare_attention(kv_layer(layer), in.q.data, in.k.data, in.v.data, in.q.rows, in.n_heads, norms, r,
+                                slot_dev_, pos_dev_, stream_);
+        launched("prepare_attention");
     }
 
     void kv_store(int layer, Tensor k, Tensor v) override {
@@ -688,6 +692,20 @@ private:
 
     // The rotary inverse frequencies, computed on the host exactly as the CPU
     // backend computes them, uploaded once per RoPE configuration.
+    cuda::RopeArgs rope_args(int n_heads, int head_dim, const RopeParams& rope) {
+        cuda::RopeArgs r;
+        r.n_heads = n_heads;
+        r.head_dim = head_dim;
+        r.n_dims = rope.n_dims;
+        r.neox = rope.neox;
+        r.freq_base = rope.freq_base;
+        r.freq_scale = rope.freq_scale;
+        r.attn_factor = rope.attn_factor;
+        r.freq_factors = rope.freq_factors ? vec(*rope.freq_factors) : nullptr;
+        r.inv_freq = inv_freq_table(rope);
+        return r;
+    }
+
     const double* inv_freq_table(const RopeParams& rope) {
         // One table per distinct RoPE (Gemma 3's sliding and global layers have two),
         // made on first use, before any capture replays it.
@@ -798,6 +816,8 @@ private:
     int64_t mmq_batch_min_ = 0;
     // Rows past which more than 32 tokens take mmq (TERN_MMQ_BATCH_ROWS, for A/B runs).
     int64_t mmq_batch_rows_ = 8192;
+    // q/k norms, rope and kv_store in one launch (TERN_CUDA_PREPARE_ATTENTION=0: apart, for A/B runs).
+    bool fused_attention_inputs_ = true;
     // Matrices one mmvq launch may take (TERN_MMVQ_PARTS=1: one each, for A/B runs).
     int mmvq_max_parts_ = cuda::kMmvqMaxParts;
     std::deque<DeviceWeight> weights_;

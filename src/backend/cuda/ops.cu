@@ -7,6 +7,7 @@
 
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/ops.h"
+#include "backend/cuda/row_ops.cuh"
 
 namespace tern::cuda {
 namespace {
@@ -66,9 +67,7 @@ __global__ void rms_norm_kernel(const float* x, const float* w, float eps, float
     __syncthreads();
     double total = partial[0];
     for (int i = 1; i < kThreads / 32; ++i) total += partial[i];
-    // As the CPU: float(1 / sqrt(ss / cols + eps)), every step correctly rounded.
-    const double mean_eps = __dadd_rn(__ddiv_rn(total, double(cols)), double(eps));
-    const float inv = float(__ddiv_rn(1.0, __dsqrt_rn(mean_eps)));
+    const float inv = rms_inverse(total, cols, eps);
 
     // Every element is read before the barrier above and rewritten by the same
     // thread below, so out may alias x.
@@ -93,23 +92,7 @@ __global__ void rope_kernel(float* x, const int32_t* pos, RopeArgs args) {
     const int half = args.n_dims / 2;
     const int64_t row = blockIdx.x;
 
-    // Angles in double, as the CPU computes them: base^(-2i/n_dims) / factor[i],
-    // times position * freq_scale.
-    const double p = double(pos[row]) * double(args.freq_scale);
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        double inv_freq;
-        if (args.inv_freq) {
-            inv_freq = args.inv_freq[i];  // the host's table (the CPU's exact values)
-        } else {
-            inv_freq = pow(double(args.freq_base), __ddiv_rn(-2.0 * i, double(args.n_dims)));
-            if (args.freq_factors) inv_freq = __ddiv_rn(inv_freq, double(args.freq_factors[i]));
-        }
-        const double a = __dmul_rn(p, inv_freq);
-        double sn, cs;
-        sincos(a, &sn, &cs);
-        trig[i] = float(__dmul_rn(cs, double(args.attn_factor)));
-        trig[half + i] = float(__dmul_rn(sn, double(args.attn_factor)));
-    }
+    rope_trig(args, pos[row], trig);
     __syncthreads();
 
     // kBatch elements per thread at a time, loads first (as in rms_norm).
@@ -122,9 +105,8 @@ __global__ void rope_kernel(float* x, const int32_t* pos, RopeArgs args) {
             const int e = base + k * int(blockDim.x);
             const int i = e % half;
             const float* v = xr + int64_t(e / half) * args.head_dim;
-            // Interleaved pairs (2i, 2i+1), or NeoX pairs (i, i + n_dims/2).
-            x0[k] = e < n ? v[args.neox ? i : 2 * i] : 0.0f;
-            x1[k] = e < n ? v[args.neox ? i + half : 2 * i + 1] : 0.0f;
+            x0[k] = e < n ? v[rope_first(args, i)] : 0.0f;
+            x1[k] = e < n ? v[rope_second(args, i)] : 0.0f;
         }
 #pragma unroll
         for (int k = 0; k < kBatch; ++k) {
@@ -132,9 +114,9 @@ __global__ void rope_kernel(float* x, const int32_t* pos, RopeArgs args) {
             if (e >= n) break;
             const int i = e % half;
             float* v = xr + int64_t(e / half) * args.head_dim;
-            const float c = trig[i], s = trig[half + i];
-            v[args.neox ? i : 2 * i] = __fsub_rn(__fmul_rn(x0[k], c), __fmul_rn(x1[k], s));
-            v[args.neox ? i + half : 2 * i + 1] = __fadd_rn(__fmul_rn(x0[k], s), __fmul_rn(x1[k], c));
+            rope_rotate(x0[k], x1[k], trig[i], trig[half + i]);
+            v[rope_first(args, i)] = x0[k];
+            v[rope_second(args, i)] = x1[k];
         }
     }
 }
@@ -192,11 +174,9 @@ __global__ void kv_store_kernel(KvLayer kv, const float* k, const float* v, int6
     const int64_t total = n_tokens * width;
     for (int64_t e = first_index(); e < total; e += grid_stride()) {
         const int64_t t = e / width;
-        const int32_t s = slot[t], p = pos[t];
-        if (s < 0 || s >= kv.n_slots || p < 0 || p >= kv.n_ctx) continue;  // not a cache cell
-        const int32_t page = kv.pages[int64_t(s) * kv.pages_per_slot + p / kv.page_size];
-        if (page < 0) continue;
-        const int64_t at = (int64_t(page) * kv.page_size + p % kv.page_size) * width + e % width;
+        const int64_t row = kv_row(kv, slot[t], pos[t]);
+        if (row < 0) continue;  // not a cache cell
+        const int64_t at = row * width + e % width;
         // cvt.rn: IEEE round to nearest even, as fp32_to_fp16 (NaN payloads aside).
         kv.k[at] = __half_as_ushort(__float2half_rn(k[e]));
         kv.v[at] = __half_as_ushort(__float2half_rn(v[e]));

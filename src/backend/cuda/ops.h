@@ -66,6 +66,25 @@ struct KvLayer {
 void kv_store(const KvLayer& kv, const float* k, const float* v, int64_t n_tokens, const int32_t* slot,
               const int32_t* pos, cudaStream_t stream);
 
+// Per-head RMSNorm weights of q and k (head_dim floats each, device memory;
+// null: that tensor is not normalised).
+struct HeadNorms {
+    const float* q = nullptr;
+    const float* k = nullptr;
+    float eps = 0.0f;
+};
+
+// What attention() reads, made ready in one launch: for token t, every head of
+// q (n_heads of them) and of k (kv.n_kv_heads) normalised over head_dim where
+// its weight is given, rotated by the token's position, written back, and k
+// and v stored in the cache as kv_store stores them. The bits of rms_norm (one
+// row per head), rope on q, rope on k and kv_store in that order. Launches
+// nothing unless prepare_attention_supported(kv.head_dim, rope).
+bool prepare_attention_supported(int head_dim, const RopeArgs& rope);
+void prepare_attention(const KvLayer& kv, float* q, float* k, const float* v, int64_t n_tokens, int n_heads,
+                       const HeadNorms& norms, const RopeArgs& rope, const int32_t* slot, const int32_t* pos,
+                       cudaStream_t stream);
+
 // Head shapes attention() handles: head_dim a multiple of 32 up to 256 and
 // n_heads a multiple of n_kv_heads. The backend checks this at init and refuses
 // other models; attention() launches nothing for them.
