@@ -342,6 +342,19 @@ struct ShuffledPages {
     }
 };
 
+// (slot, pos) of n distinct cells of a cache of n_slots x n_ctx, in random order.
+std::pair<std::vector<int32_t>, std::vector<int32_t>> distinct_cells(int n, int n_slots, int n_ctx, std::mt19937& rng) {
+    std::vector<int32_t> cells(size_t(n_slots) * size_t(n_ctx));
+    for (size_t i = 0; i < cells.size(); ++i) cells[i] = int32_t(i);
+    std::shuffle(cells.begin(), cells.end(), rng);
+    std::vector<int32_t> slot, pos;
+    for (int t = 0; t < n; ++t) {
+        slot.push_back(cells[size_t(t)] / n_ctx);
+        pos.push_back(cells[size_t(t)] % n_ctx);
+    }
+    return {slot, pos};
+}
+
 TEST_F(CudaOps, KvStoreRoundsLikeFp32ToFp16) {
     SCOPED_TRACE(seed_text());
     constexpr int kSlots = 3, kCtx = 64;
@@ -368,14 +381,7 @@ TEST_F(CudaOps, KvStoreRoundsLikeFp32ToFp16) {
                          std::to_string(n_tokens));
             const size_t width = size_t(n_kv) * size_t(hd);
             // Distinct cells, plus one token outside the cache that must be dropped.
-            std::vector<int32_t> cells(kSlots * kCtx);
-            for (size_t i = 0; i < cells.size(); ++i) cells[i] = int32_t(i);
-            std::shuffle(cells.begin(), cells.end(), rng_);
-            std::vector<int32_t> slot, pos;
-            for (int t = 0; t < n_tokens; ++t) {
-                slot.push_back(cells[size_t(t)] / kCtx);
-                pos.push_back(cells[size_t(t)] % kCtx);
-            }
+            auto [slot, pos] = distinct_cells(n_tokens, kSlots, kCtx, rng_);
             slot.push_back(uniform_int(0, 1) ? kSlots : 0);
             pos.push_back(slot.back() == 0 ? kCtx : 0);
             // The pages shuffled in a pool with spares; slot 2's last page
@@ -442,14 +448,7 @@ TEST_F(CudaOps, PrepareAttentionGivesTheBitsOfTheKernelsItJoins) {
                          (c.neox ? " neox" : " interleaved") + (c.norms ? " norms" : "") + " tokens " +
                          std::to_string(n_tokens));
             // Distinct cells, then a token outside the cache and one on an unmapped page: not stored.
-            std::vector<int32_t> cells(kSlots * kCtx);
-            for (size_t i = 0; i < cells.size(); ++i) cells[i] = int32_t(i);
-            std::shuffle(cells.begin(), cells.end(), rng_);
-            std::vector<int32_t> slot, pos;
-            for (int t = 0; t < n_tokens; ++t) {
-                slot.push_back(cells[size_t(t)] / kCtx);
-                pos.push_back(cells[size_t(t)] % kCtx);
-            }
+            auto [slot, pos] = distinct_cells(n_tokens, kSlots, kCtx, rng_);
             slot.push_back(kSlots);
             pos.push_back(uniform_int(0, kCtx - 1));
             const ShuffledPages pages(kSlots, kCtx, 2, rng_, 1);

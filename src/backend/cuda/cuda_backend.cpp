@@ -690,8 +690,7 @@ private:
 
     static int n_heads_hint(const KvCacheShape& s) { return s.n_heads > 0 ? s.n_heads : s.n_kv_heads; }
 
-    // The rotary inverse frequencies, computed on the host exactly as the CPU
-    // backend computes them, uploaded once per RoPE configuration.
+    // The rope kernels' arguments for heads of x.
     cuda::RopeArgs rope_args(int n_heads, int head_dim, const RopeParams& rope) {
         cuda::RopeArgs r;
         r.n_heads = n_heads;
@@ -706,6 +705,8 @@ private:
         return r;
     }
 
+    // The rotary inverse frequencies, computed on the host exactly as the CPU
+    // backend computes them, uploaded once per RoPE configuration.
     const double* inv_freq_table(const RopeParams& rope) {
         // One table per distinct RoPE (Gemma 3's sliding and global layers have two),
         // made on first use, before any capture replays it.
