@@ -1,6 +1,7 @@
 // The element-wise, normalisation, rotary, KV-store and attention kernels of
 // backend/cuda/ops.h against their CPU twins (backend/cpu/ops.h and the CPU
-// backend's plain loops), on fresh random inputs each run and ragged shapes.
+// backend's plain loops), on fresh random inputs each run and ragged shapes;
+// prepare_attention against those GPU kernels run one after another.
 // Device outputs are poisoned with NaN first, so an element a kernel forgets
 // to write fails its comparison.
 #include <gtest/gtest.h>

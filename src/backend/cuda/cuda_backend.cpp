@@ -315,9 +315,10 @@ public:
                 a.group = group;
                 cuda::quantize_act(x.data, x.cols, n, x.cols, a, stream_);
             }
-            if (int_kernel(d.dev, n) != IntKernel::mmvq) {
-                int_matmul(d.dev, a, n, t.y.data, t.y.cols);
-                continue;
+            switch (int_kernel(d.dev, n)) {
+                case IntKernel::mmq_batch: cuda::mmq_batch(d.dev, a, int(n), t.y.data, t.y.cols, stream_); continue;
+                case IntKernel::mmq: cuda::mmq(d.dev, a, n, t.y.data, t.y.cols, stream_); continue;
+                case IntKernel::mmvq: break;  // joins the pending parts below
             }
             if (n_run > 0 && (n_run == mmvq_max_parts_ || !cuda::mmvq_parts_compatible(run[0].w, d.dev))) flush();
             run[n_run++] = cuda::MatmulPart{d.dev, t.y.data, t.y.cols};
@@ -342,13 +343,6 @@ public:
         if (cuda::mmq_batch_type(w.type) && n >= from && n <= cuda::kMmqBatchMaxTokens && !many_rows)
             return IntKernel::mmq_batch;
         return n <= cuda::kMmvqMaxTokens ? IntKernel::mmvq : IntKernel::mmq;
-    }
-    void int_matmul(const cuda::DevWeight& w, const cuda::DevAct& a, int64_t n, float* y, int64_t ys) {
-        switch (int_kernel(w, n)) {
-            case IntKernel::mmq_batch: cuda::mmq_batch(w, a, int(n), y, ys, stream_); break;
-            case IntKernel::mmvq: cuda::mmvq(w, a, int(n), y, ys, stream_); break;
-            case IntKernel::mmq: cuda::mmq(w, a, n, y, ys, stream_); break;
-        }
     }
 
     void rope(Tensor x, int n_heads, int head_dim, const RopeParams& rope) override {

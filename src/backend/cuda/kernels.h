@@ -79,7 +79,9 @@ constexpr int kMmvqMaxTokens = 8;
 void mmvq(const DevWeight& w, const DevAct& a, int n_tokens, float* y, int64_t y_stride, cudaStream_t stream);
 // Up to kMmvqMaxParts matrices of one type and layout that read the same
 // activations (q, k and v; gate and up) in one launch over all their rows:
-// each part's outputs are the bits mmvq gives it alone.
+// each part's outputs are the bits mmvq gives it alone. Launches nothing when
+// the parts are not mmvq_parts_compatible with the first, a part has no rows,
+// or there are more than kMmvqMaxParts.
 constexpr int kMmvqMaxParts = 3;
 struct MatmulPart {
     DevWeight w;
