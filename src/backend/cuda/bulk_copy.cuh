@@ -19,9 +19,10 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) { return unsigned(_
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 
-// An mbarrier that completes a phase on one arrival plus the bytes it expects.
-__device__ __forceinline__ void mbarrier_init(uint64_t* bar) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(bar)) : "memory");
+// An mbarrier that completes a phase on `arrivals` arrivals plus the bytes
+// they announce (mbarrier_expect_bytes is one arrival).
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, unsigned arrivals = 1) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(arrivals) : "memory");
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
 
@@ -29,6 +30,11 @@ __device__ __forceinline__ void mbarrier_init(uint64_t* bar) {
 __device__ __forceinline__ void mbarrier_expect_bytes(uint64_t* bar, int bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
                  : "memory");
+}
+
+// One arrival, announcing no bytes.
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 }
 
 // bytes (a multiple of 16) from src to dst, both 16-byte aligned, counted by bar.

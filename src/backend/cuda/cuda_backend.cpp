@@ -335,11 +335,12 @@ public:
     // (bench/cuda/matmul on an H200, docs/perf/LOG.md g32): q4_K from 3
     // tokens, q6_K from 4. Past 32 tokens a matrix of many rows fills the GPU
     // with mmq's tiles, which then win (g34: from 40 tokens, 54 against 58
-    // us for 11,008 rows, 117 against 143 for 32,000).
+    // us for 11,008 rows, 117 against 143 for 32,000), unless mmq_batch
+    // streams them (g43: 47 us for 11,008 rows at 64 tokens).
     enum class IntKernel { mmq_batch, mmvq, mmq };
     IntKernel int_kernel(const cuda::DevWeight& w, int64_t n) const {
         const int64_t from = mmq_batch_min_ > 0 ? mmq_batch_min_ : w.type == cuda::WType::Q6_K ? 4 : 3;
-        const bool many_rows = n > 32 && w.rows > mmq_batch_rows_;
+        const bool many_rows = n > 32 && w.rows > mmq_batch_rows_ && !cuda::mmq_batch_streams(w, int(n));
         if (cuda::mmq_batch_type(w.type) && n >= from && n <= cuda::kMmqBatchMaxTokens && !many_rows)
             return IntKernel::mmq_batch;
         return n <= cuda::kMmvqMaxTokens ? IntKernel::mmvq : IntKernel::mmq;
@@ -809,7 +810,8 @@ private:
     // Fewest tokens that take mmq_batch (0: each type's crossover);
     // TERN_MMQ_BATCH_MIN=65 turns it off, for A/B runs.
     int64_t mmq_batch_min_ = 0;
-    // Rows past which more than 32 tokens take mmq (TERN_MMQ_BATCH_ROWS, for A/B runs).
+    // Rows past which more than 32 tokens take mmq where mmq_batch does not
+    // stream them (TERN_MMQ_BATCH_ROWS, for A/B runs).
     int64_t mmq_batch_rows_ = 8192;
     // q/k norms, rope and kv_store in one launch (TERN_CUDA_PREPARE_ATTENTION=0: apart, for A/B runs).
     bool fused_attention_inputs_ = true;

@@ -91,10 +91,14 @@ struct MatmulPart {
 bool mmvq_parts_compatible(const DevWeight& a, const DevWeight& b);
 void mmvq_parts(const MatmulPart* parts, int n_parts, const DevAct& a, int n_tokens, cudaStream_t stream);
 // mmq_batch: 1..kMmqBatchMaxTokens tokens of the K-quants (mmq_batch_type),
-// int8 tensor cores with a row tile's super-blocks split across warps (the
-// decode step of many sequences).
+// int8 tensor cores with a row tile's super-blocks split across warps, or
+// streamed through a ring of shared-memory stages (the decode step of many
+// sequences).
 constexpr int kMmqBatchMaxTokens = 64;
 bool mmq_batch_type(WType t);
+// True where mmq_batch runs n tokens of w on its streamed kernel (sm_90,
+// 32 tokens and more, q6_K padded), which stays ahead of mmq at any row count.
+bool mmq_batch_streams(const DevWeight& w, int n_tokens);
 void mmq_batch(const DevWeight& w, const DevAct& a, int n_tokens, float* y, int64_t y_stride, cudaStream_t stream);
 // mmq: any number of tokens, int8 tensor cores (prefill).
 void mmq(const DevWeight& w, const DevAct& a, int64_t n_tokens, float* y, int64_t y_stride, cudaStream_t stream);

@@ -56,11 +56,10 @@ bool sm90_code_runs_here();
 // environment sets TERN_CUDA_PDL=0.
 bool pdl_enabled();
 
-// kernel<<<grid, block, smem, stream>>>(args...), with PDL where enabled. The
-// kernel must follow the rule at the top of this file. A failed launch sets
-// the error cudaGetLastError() reports, as <<<>>> does (kernels.h).
+// A launch with (early) or without PDL; launch() and launch_in_order() below.
 template <typename... Params, typename... Args>
-void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
+void launch_placed(bool early, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                   Args&&... args) {
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
@@ -70,8 +69,26 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaS
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
     cfg.attrs = attr;
-    cfg.numAttrs = pdl_enabled() ? 1 : 0;
+    cfg.numAttrs = early && pdl_enabled() ? 1 : 0;
     cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...), with PDL where enabled. The
+// kernel must follow the rule at the top of this file. A failed launch sets
+// the error cudaGetLastError() reports, as <<<>>> does (kernels.h).
+template <typename... Params, typename... Args>
+void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
+    launch_placed(true, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
+}
+
+// The same without PDL: the grid is placed once the previous kernel has
+// completed, spread over the idle SMs. For kernels whose CTAs, placed early
+// while the previous kernel still holds some SMs, would pile two to an SM on
+// the others and leave the first idle (mmq_batch's streamed kernel, LOG g43).
+template <typename... Params, typename... Args>
+void launch_in_order(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                     Args&&... args) {
+    launch_placed(false, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
 }
 
 }  // namespace tern::cuda

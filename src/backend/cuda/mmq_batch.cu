@@ -11,8 +11,16 @@
 // mmvq, mmq and the CPU twin, so the same bits, for any token count and any
 // batch. At 24, 32 and 64 tokens a second kernel (below) stages the tokens'
 // blocks in shared memory instead of reading them from L2 sub-block by
-// sub-block; its terms and chain are the same.
+// sub-block; its terms and chain are the same. On sm_90 from 32 tokens a
+// third streams weights and tokens through a ring of stages by tensor copies
+// while its warps compute (LOG g43); the first two serve the rest and where
+// the third cannot run (unpadded q6_K, older GPUs).
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 
 #include "backend/cuda/block_decode.cuh"
 #include "backend/cuda/bulk_copy.cuh"
@@ -335,6 +343,49 @@ __global__ void __launch_bounds__(kThreads) mmq_batch_kernel(DevWeight w, DevAct
 // written over the token rows it has consumed, so the buffer is the part the
 // CTA chains from; the chain and its order are unchanged.
 
+// Sub-block jx of rows g and g + 8 (r0, r1) as lane (g, tig) feeds the
+// tensor cores: the A fragment, the integer scales per 16-element half, and
+// for q4_K / q5_K the mins in every byte of a row (the mins' term X as one
+// more mma against the tokens).
+template <WType T, bool WIDE>
+struct SubBlockRows {
+    static constexpr bool has_min = T != WType::Q6_K;
+    int af[4];
+    int sc[2][2];  // [row g, g + 8][half]
+    int mf[4];
+    __device__ __forceinline__ SubBlockRows(const LaneRow<T, WIDE>& r0, const LaneRow<T, WIDE>& r1, int jx)
+        : af{r0.vals(jx, 0), r1.vals(jx, 0), r0.vals(jx, 1), r1.vals(jx, 1)} {
+        if constexpr (has_min) {
+            int mn0, mn1;
+            k4_scale_min(r0.hd.h[1], r0.hd.h[2], r0.hd.h[3], jx, sc[0][0], mn0);
+            k4_scale_min(r1.hd.h[1], r1.hd.h[2], r1.hd.h[3], jx, sc[1][0], mn1);
+            sc[0][1] = sc[0][0], sc[1][1] = sc[1][0];
+            mf[0] = mf[2] = mn0 * 0x01010101;  // row g: mn in every byte
+            mf[1] = mf[3] = mn1 * 0x01010101;  // row g + 8
+        } else {
+            sc[0][0] = r0.scale(jx, 0), sc[0][1] = r0.scale(jx, 1);
+            sc[1][0] = r1.scale(jx, 0), sc[1][1] = r1.scale(jx, 1);
+        }
+    }
+    // One tile of 8 tokens (b0, b1: the sub-block's halves): A += scale * H
+    // per output, and X += the mins' products.
+    __device__ __forceinline__ void tile_sums(int b0, int b1, int (&ia)[4], int (&ix)[4]) const {
+        int h0[4];
+        if constexpr (T == WType::Q6_K) {
+            int h1[4];
+            mma_k16(h0, af[0], af[1], b0);
+            mma_k16(h1, af[2], af[3], b1);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) ia[e] += sc[e >> 1][0] * h0[e] + sc[e >> 1][1] * h1[e];
+        } else {
+            mma_k32(h0, af, b0, b1);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) ia[e] += sc[e >> 1][0] * h0[e];
+            mma_k32_acc(ix, mf, b0, b1);
+        }
+    }
+};
+
 constexpr int kActRowBytes = 256 + 16;  // a token's super-block, padded: ldmatrix rows hit distinct banks
 
 template <int NT>
@@ -399,40 +450,10 @@ __device__ __forceinline__ void super_block_staged(const LaneRow<T, WIDE> (&rw)[
             for (int jj = 0; jj < 2; ++jj)
 #pragma unroll
                 for (int mi = 0; mi < 2; ++mi) {
-                    const int jx = j + jj;
-                    const int af[4] = {rw[mi][0].vals(jx, 0), rw[mi][1].vals(jx, 0), rw[mi][0].vals(jx, 1),
-                                       rw[mi][1].vals(jx, 1)};
-                    int sc[2][2], mf[4];
-                    if constexpr (has_min) {
-                        int mn0, mn1;
-                        k4_scale_min(rw[mi][0].hd.h[1], rw[mi][0].hd.h[2], rw[mi][0].hd.h[3], jx, sc[0][0], mn0);
-                        k4_scale_min(rw[mi][1].hd.h[1], rw[mi][1].hd.h[2], rw[mi][1].hd.h[3], jx, sc[1][0], mn1);
-                        sc[0][1] = sc[0][0], sc[1][1] = sc[1][0];
-                        mf[0] = mf[2] = mn0 * 0x01010101;  // row g: mn in every byte
-                        mf[1] = mf[3] = mn1 * 0x01010101;  // row g + 8
-                    } else {
-                        sc[0][0] = rw[mi][0].scale(jx, 0), sc[0][1] = rw[mi][0].scale(jx, 1);
-                        sc[1][0] = rw[mi][1].scale(jx, 0), sc[1][1] = rw[mi][1].scale(jx, 1);
-                    }
+                    const SubBlockRows<T, WIDE> sb(rw[mi][0], rw[mi][1], j + jj);
 #pragma unroll
-                    for (int q = 0; q < 4; ++q) {
-                        if (4 * p + q >= NN) continue;
-                        const int b0 = b[q][2 * jj], b1 = b[q][2 * jj + 1];
-                        int h0[4];
-                        if constexpr (T == WType::Q6_K) {
-                            int h1[4];
-                            mma_k16(h0, af[0], af[1], b0);
-                            mma_k16(h1, af[2], af[3], b1);
-#pragma unroll
-                            for (int e = 0; e < 4; ++e)
-                                ia[mi][q][e] += sc[e >> 1][0] * h0[e] + sc[e >> 1][1] * h1[e];
-                        } else {
-                            mma_k32(h0, af, b0, b1);
-#pragma unroll
-                            for (int e = 0; e < 4; ++e) ia[mi][q][e] += sc[e >> 1][0] * h0[e];
-                            mma_k32_acc(ix[mi][q], mf, b0, b1);
-                        }
-                    }
+                    for (int q = 0; q < 4; ++q)
+                        if (4 * p + q < NN) sb.tile_sums(b[q][2 * jj], b[q][2 * jj + 1], ia[mi][q], ix[mi][q]);
                 }
         }
         __syncwarp();  // every lane is past its reads of this pass's token rows
@@ -504,6 +525,249 @@ __global__ void __launch_bounds__(kThreads) mmq_batch_staged_kernel(DevWeight w,
 #endif
 }
 
+// ---- past 16 tokens: weights and tokens streamed through a pipeline --------
+//
+// The kernels above make every warp wait for its own loads, then compute,
+// then meet the others at a barrier to chain the window's terms: a CTA's
+// loads and its arithmetic never overlap, and at 64 tokens one CTA an SM fits.
+// Here one producer thread streams super-block after super-block into a ring
+// of shared-memory stages, each counted by an mbarrier: the row tile's blocks,
+// the tokens' two 128-byte halves and their scales, four tensor copies (TMA)
+// a stage, while the consumer warps compute on the stages that have landed
+// and hand them back. (Copies of a row or a token each, some 160 a stage,
+// queued behind one another: 3x slower than the kernels above.) A consumer
+// warp owns 16 rows and a fixed share of the tokens for the whole matrix, so
+// it chains each output's terms in super-block order in its own registers,
+// r = fma(D, inner, r) from +0.0: the order of the kernels above, the same
+// bits, with no shared-memory chain and no CTA-wide barrier. Rows past the
+// matrix and tokens past n arrive as zeros: computed, never stored.
+
+constexpr int kStreamTileWarps = 2;      // token tiles (of 8) a consumer warp owns
+constexpr int kStreamSmem = 100 * 1024;  // stage ring per CTA: two CTAs an SM
+
+// The registered block the copies take whole: q6_K's padded one only.
+constexpr int stream_block_bytes(WType t) { return t == WType::Q4_K ? 144 : t == WType::Q5_K ? 176 : 224; }
+
+template <WType T, bool WIDE, int NT>
+struct Stream {
+    static constexpr int kTiles = NT / 8;
+    static constexpr int kGroups = (kTiles + kStreamTileWarps - 1) / kStreamTileWarps;  // consumer warps per 16 rows
+    static constexpr int kConsumers = 2 * kGroups;
+    static constexpr int kThreads = 32 * (kConsumers + 1);  // and the producer
+    static constexpr int kBlockBytes = stream_block_bytes(T);
+    // A stage: the tokens' first and second 128-byte halves of the
+    // super-block, each as 128-byte rows swizzled by the copy (16-byte chunk
+    // c of token t at c ^ (t & 7): ldmatrix's eight rows on distinct banks),
+    // then the rows' blocks, then each token's eight block scales.
+    static constexpr int kHalfBytes = NT * 128;
+    static constexpr int kWeightOffset = 2 * kHalfBytes;
+    static constexpr int kScaleOffset = kWeightOffset + kRows * kBlockBytes;
+    static constexpr int kCopyBytes = kScaleOffset + NT * 32;
+    static constexpr int kStageBytes = (kCopyBytes + 1023) / 1024 * 1024;  // swizzled copies land 1024-aligned
+    static constexpr int kStages = kStreamSmem / kStageBytes < 8 ? kStreamSmem / kStageBytes : 8;
+    static constexpr int kSmem = 1024 + kStages * kStageBytes + 2 * kStages * int(sizeof(uint64_t));
+    static_assert(kStages >= 2, "a ring of at least two stages");
+    static_assert(kWeightOffset % 128 == 0 && kScaleOffset % 128 == 0, "tensor copies land 128-byte aligned");
+};
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+
+// A 2-D box of the tensor map at column x, row y into dst, counted by bar.
+__device__ __forceinline__ void tensor_copy(void* dst, const CUtensorMap& map, int x, int y, uint64_t* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+            smem_addr(dst)),
+        "l"(reinterpret_cast<uint64_t>(&map)), "r"(x), "r"(y), "r"(smem_addr(bar))
+        : "memory");
+}
+
+// A consumer warp's super-block: rows 16mi.. of the stage against its token
+// tiles th, th + kGroups; each output's term chained into acc.
+template <WType T, bool WIDE, int NT>
+__device__ __forceinline__ void stream_super_block(const unsigned char* st, int mi, int th,
+                                                   float (&acc)[kStreamTileWarps][4]) {
+    using S = Stream<T, WIDE, NT>;
+    constexpr bool has_min = T != WType::Q6_K;
+    constexpr int QW = kStreamTileWarps;
+    const int lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
+    // ldmatrix: lanes 8m..8m+7 address token row (lane & 7) of matrix m,
+    // bytes 16m.. of sub-blocks j, j + 1: chunk 2(j % 4) + m of half j / 4.
+    const int lrow = lane & 7, lm = lane >> 3;
+    const float* scale = reinterpret_cast<const float*>(st + S::kScaleOffset);
+
+    LaneRow<T, WIDE> rw[2];  // rows 16mi + g, 16mi + g + 8
+#pragma unroll
+    for (int h = 0; h < 2; ++h) rw[h].load(st + S::kWeightOffset + (16 * mi + g + 8 * h) * S::kBlockBytes, tig);
+
+    int ia[QW][4], ix[QW][4];
+#pragma unroll
+    for (int q = 0; q < QW; ++q)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) ia[q][e] = ix[q][e] = 0;
+#pragma unroll
+    for (int j = 0; j < 8; j += 2) {
+        int b[QW][4];  // [tile][sub-block j half 0, half 1, j + 1 half 0, half 1]
+        const int chunk = (2 * (j & 3) + lm) ^ lrow;
+#pragma unroll
+        for (int q = 0; q < QW; ++q)
+            if (th + S::kGroups * q < S::kTiles)
+                ldmatrix_x4(b[q], st + (j >> 2) * S::kHalfBytes + (8 * (th + S::kGroups * q) + lrow) * 128 + 16 * chunk);
+#pragma unroll
+        for (int jj = 0; jj < 2; ++jj) {
+            const SubBlockRows<T, WIDE> sb(rw[0], rw[1], j + jj);
+#pragma unroll
+            for (int q = 0; q < QW; ++q)
+                if (th + S::kGroups * q < S::kTiles) sb.tile_sums(b[q][2 * jj], b[q][2 * jj + 1], ia[q], ix[q]);
+        }
+    }
+
+    // The terms: rows 16mi + g (+ 8), tokens 8 * tile + 2tig (+ 1).
+#pragma unroll
+    for (int q = 0; q < QW; ++q) {
+        const int tile = th + S::kGroups * q;
+        if (tile >= S::kTiles) continue;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int h = e >> 1, t = 8 * tile + 2 * tig + (e & 1);
+            float inner;
+            if constexpr (has_min)
+                inner = kquant_inner_min(rw[h].hd.d(), rw[h].hd.dmin(), ia[q][e], ix[q][e]);
+            else
+                inner = kquant_inner_scale(rw[h].d, ia[q][e]);
+            acc[q][e] = __fmaf_rn(scale[8 * t], inner, acc[q][e]);
+        }
+    }
+}
+
+#endif  // sm_90
+
+// One CTA: rows blockIdx.x * 32.., every token. The last warp produces, the
+// others consume (Stream). The maps: weights (a row's bytes by rows), the
+// tokens' int8 blocks (bytes by tokens), their scales (floats by tokens).
+template <WType T, bool WIDE, int NT>
+__global__ void __launch_bounds__(Stream<T, WIDE, NT>::kThreads)
+    mmq_batch_stream_kernel(const __grid_constant__ CUtensorMap wmap, const __grid_constant__ CUtensorMap qmap,
+                            const __grid_constant__ CUtensorMap dmap, int64_t rows, int nsb, int n,
+                            float* __restrict__ y, int64_t y_stride) {
+    wait_for_prior_grids();  // no early launch of the next grid (launch.cuh)
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+    using S = Stream<T, WIDE, NT>;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    unsigned char* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);
+    uint64_t* full = reinterpret_cast<uint64_t*>(smem + S::kStages * S::kStageBytes);  // a stage has landed
+    uint64_t* empty = full + S::kStages;                                                // its consumers are done
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int row0 = int(blockIdx.x) * kRows;
+    if (threadIdx.x == 0)
+        for (int s = 0; s < S::kStages; ++s) {
+            mbarrier_init(&full[s]);
+            mbarrier_init(&empty[s], S::kConsumers);
+        }
+    __syncthreads();
+
+    if (warp == S::kConsumers) {
+        if (lane != 0) return;
+        for (int kc = 0; kc < nsb; ++kc) {
+            const int s = kc % S::kStages;
+            const unsigned use = unsigned(kc / S::kStages);
+            if (use > 0) mbarrier_wait(&empty[s], (use - 1) & 1);
+            unsigned char* st = smem + s * S::kStageBytes;
+            mbarrier_expect_bytes(&full[s], S::kCopyBytes);
+            tensor_copy(st, qmap, 256 * kc, 0, &full[s]);
+            tensor_copy(st + S::kHalfBytes, qmap, 256 * kc + 128, 0, &full[s]);
+            tensor_copy(st + S::kWeightOffset, wmap, S::kBlockBytes * kc, row0, &full[s]);
+            tensor_copy(st + S::kScaleOffset, dmap, 8 * kc, 0, &full[s]);
+        }
+        return;
+    }
+
+    const int mi = warp & 1, th = warp >> 1;
+    float acc[kStreamTileWarps][4];
+#pragma unroll
+    for (int q = 0; q < kStreamTileWarps; ++q)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[q][e] = 0.0f;
+    for (int kc = 0; kc < nsb; ++kc) {
+        const int s = kc % S::kStages;
+        mbarrier_wait(&full[s], unsigned(kc / S::kStages) & 1);
+        stream_super_block<T, WIDE, NT>(smem + s * S::kStageBytes, mi, th, acc);
+        fence_shared_for_bulk_copies();  // this stage's reads before its next copies
+        __syncwarp();
+        if (lane == 0) mbarrier_arrive(&empty[s]);
+    }
+
+    const int g = lane >> 2, tig = lane & 3;
+#pragma unroll
+    for (int q = 0; q < kStreamTileWarps; ++q)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int t = 8 * (th + S::kGroups * q) + 2 * tig + (e & 1);
+            const int64_t row = row0 + 16 * mi + g + 8 * (e >> 1);
+            if (t < n && row < rows) y[int64_t(t) * y_stride + row] = acc[q][e];
+        }
+#endif
+}
+
+// cuTensorMapEncodeTiled through the runtime (no link to the driver
+// library); null where the driver lacks it.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+    static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+        void* p = nullptr;
+        cudaDriverEntryPointQueryResult q{};
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) !=
+                cudaSuccess ||
+            q != cudaDriverEntryPointSuccess)
+            p = nullptr;
+        return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+    }();
+    return fn;
+}
+
+// A row-major 2-D map: `rows` rows of `cols` elements, `stride` bytes apart,
+// copied in boxes of box_cols x box_rows (zeros past either end).
+bool encode_map(CUtensorMap& map, CUtensorMapDataType type, const void* base, uint64_t cols, uint64_t rows,
+                uint64_t stride, uint32_t box_cols, uint32_t box_rows, CUtensorMapSwizzle swizzle) {
+    const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+    if (!encode) return false;
+    const cuuint64_t dims[2] = {cols, rows};
+    const cuuint64_t strides[1] = {stride};
+    const cuuint32_t box[2] = {box_cols, box_rows};
+    const cuuint32_t unit[2] = {1, 1};
+    return encode(&map, type, 2, const_cast<void*>(base), dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                  swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// Fewest tokens (rounded up to 8) that take the streamed kernel: at 24 it
+// lost 3% of a 24-sequence step to the staged kernel (LOG g43).
+// TERN_MMQB_STREAM_FROM=N moves it (24 at the least; 65: never), for A/B runs.
+int stream_from() {
+    static const int from = [] {
+        const char* v = std::getenv("TERN_MMQB_STREAM_FROM");
+        return v ? std::max(24, std::atoi(v)) : 32;
+    }();
+    return from;
+}
+
+// The streamed kernel, its maps encoded; false where the driver cannot
+// describe them.
+template <WType T, bool WIDE, int NT>
+bool launch_stream(const DevWeight& w, const DevAct& a, int n, float* y, int64_t ys, cudaStream_t s) {
+    using S = Stream<T, WIDE, NT>;
+    CUtensorMap wmap, qmap, dmap;
+    if (!encode_map(wmap, CU_TENSOR_MAP_DATA_TYPE_UINT8, w.data, uint64_t(w.row_stride), uint64_t(w.rows),
+                    uint64_t(w.row_stride), S::kBlockBytes, kRows, CU_TENSOR_MAP_SWIZZLE_NONE) ||
+        !encode_map(qmap, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.qs, uint64_t(a.blocks) * 32, uint64_t(n),
+                    uint64_t(a.blocks) * 32, 128, NT, CU_TENSOR_MAP_SWIZZLE_128B) ||
+        !encode_map(dmap, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, a.d, uint64_t(a.blocks), uint64_t(n),
+                    uint64_t(a.blocks) * 4, 8, NT, CU_TENSOR_MAP_SWIZZLE_NONE))
+        return false;
+    const unsigned grid = unsigned((w.rows + kRows - 1) / kRows);
+    cudaFuncSetAttribute(mmq_batch_stream_kernel<T, WIDE, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem);
+    launch_in_order(mmq_batch_stream_kernel<T, WIDE, NT>, grid, S::kThreads, S::kSmem, s, wmap, qmap, dmap, w.rows,
+                    int(w.cols / 256), n, y, ys);
+    return true;
+}
+
 // Token counts (rounded up to 8) that take the staged kernel: 24 and 32 (one
 // pass) and 64 (two passes of four groups of 8). Where the second pass is
 // short (40, 48, 56) the one-pass kernel measured as fast or faster (LOG g36).
@@ -518,6 +782,8 @@ bool staged_aligned(const DevAct& a) {
 template <WType T, bool WIDE, int NT>
 void launch_for(const DevWeight& w, const DevAct& a, int n, float* y, int64_t ys, cudaStream_t s) {
     const unsigned grid = unsigned((w.rows + kRows - 1) / kRows);
+    if constexpr ((T != WType::Q6_K || WIDE) && NT >= 24)
+        if (staged_aligned(a) && mmq_batch_streams(w, n) && launch_stream<T, WIDE, NT>(w, a, n, y, ys, s)) return;
     // Past 48 KiB (32 tokens and more; the staged kernel from 24) the
     // kernels need the opt-in; cheap, and decode steps replay from CUDA
     // graphs. A failure fails the launch, which the caller's error check
@@ -539,6 +805,12 @@ void launch_for(const DevWeight& w, const DevAct& a, int n, float* y, int64_t ys
 }  // namespace
 
 bool mmq_batch_type(WType t) { return t == WType::Q4_K || t == WType::Q5_K || t == WType::Q6_K; }
+
+bool mmq_batch_streams(const DevWeight& w, int n) {
+    if (!mmq_batch_type(w.type) || n < 1 || n > kMmqBatchMaxTokens) return false;
+    return (n + 7) / 8 * 8 >= stream_from() && w.block_stride == stream_block_bytes(w.type) &&
+           w.row_stride % 16 == 0 && sm90_code_runs_here();
+}
 
 void mmq_batch(const DevWeight& w, const DevAct& a, int n, float* y, int64_t ys, cudaStream_t s) {
     if (n < 1 || n > kMmqBatchMaxTokens || w.rows < 1 || !mmq_batch_type(w.type)) return;
