@@ -336,7 +336,8 @@ public:
     // tokens, q6_K from 4. Past 32 tokens a matrix of many rows fills the GPU
     // with mmq's tiles, which then win (g34: from 40 tokens, 54 against 58
     // us for 11,008 rows, 117 against 143 for 32,000), unless mmq_batch
-    // streams them (g43: 47 us for 11,008 rows at 64 tokens).
+    // streams them (g43: q4_K at 11,008 rows and 64 tokens 47 us against
+    // mmq's 54, and the 7B step at 64 sequences +5.8% against mmq for them).
     enum class IntKernel { mmq_batch, mmvq, mmq };
     IntKernel int_kernel(const cuda::DevWeight& w, int64_t n) const {
         const int64_t from = mmq_batch_min_ > 0 ? mmq_batch_min_ : w.type == cuda::WType::Q6_K ? 4 : 3;

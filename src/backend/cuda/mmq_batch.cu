@@ -525,7 +525,7 @@ __global__ void __launch_bounds__(kThreads) mmq_batch_staged_kernel(DevWeight w,
 #endif
 }
 
-// ---- past 16 tokens: weights and tokens streamed through a pipeline --------
+// ---- from 32 tokens: weights and tokens streamed through a pipeline --------
 //
 // The kernels above make every warp wait for its own loads, then compute,
 // then meet the others at a barrier to chain the window's terms: a CTA's
@@ -714,10 +714,15 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
     static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
         void* p = nullptr;
         cudaDriverEntryPointQueryResult q{};
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) !=
-                cudaSuccess ||
-            q != cudaDriverEntryPointSuccess)
+#if CUDART_VERSION >= 12050
+        const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q);
+#else
+        const cudaError_t e = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &p, cudaEnableDefault, &q);
+#endif
+        if (e != cudaSuccess || q != cudaDriverEntryPointSuccess) {
+            cudaGetLastError();  // not the error of a later launch
             p = nullptr;
+        }
         return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
     }();
     return fn;
@@ -737,9 +742,9 @@ bool encode_map(CUtensorMap& map, CUtensorMapDataType type, const void* base, ui
                   swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// Fewest tokens (rounded up to 8) that take the streamed kernel: at 24 it
-// lost 3% of a 24-sequence step to the staged kernel (LOG g43).
-// TERN_MMQB_STREAM_FROM=N moves it (24 at the least; 65: never), for A/B runs.
+// Fewest tokens that take the streamed kernel: at 24 it lost 3% of a
+// 24-sequence step to the staged kernel (LOG g43). TERN_MMQB_STREAM_FROM=N
+// moves it (24 at the least; 65: never), for A/B runs.
 int stream_from() {
     static const int from = [] {
         const char* v = std::getenv("TERN_MMQB_STREAM_FROM");
@@ -808,8 +813,8 @@ bool mmq_batch_type(WType t) { return t == WType::Q4_K || t == WType::Q5_K || t 
 
 bool mmq_batch_streams(const DevWeight& w, int n) {
     if (!mmq_batch_type(w.type) || n < 1 || n > kMmqBatchMaxTokens) return false;
-    return (n + 7) / 8 * 8 >= stream_from() && w.block_stride == stream_block_bytes(w.type) &&
-           w.row_stride % 16 == 0 && sm90_code_runs_here();
+    return n >= stream_from() && w.block_stride == stream_block_bytes(w.type) && w.row_stride % 16 == 0 &&
+           reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && sm90_code_runs_here() && tensor_map_encoder();
 }
 
 void mmq_batch(const DevWeight& w, const DevAct& a, int n, float* y, int64_t ys, cudaStream_t s) {
