@@ -422,10 +422,13 @@ private:
             std::string cls = "[^\"\\\\\\x7F\\x00-\\x1F";
             std::string alts;
             for (const auto& [c, child] : trie[i].next) {
+                // A quote, backslash or control character is written escaped:
+                // the class leaves it out already, the escape branch takes it.
+                if (c < 0x20 || c == '"' || c == '\\' || c == 0x7F) continue;
                 const std::string one = text::jinja::utf8_of({c}, 0, 1);
                 if (c == ']' || c == '-' || c == '^') cls += "\\";
                 cls += one;
-                if (c >= 0x20 && c != '"' && c != '\\' && c != 0x7F) alts += " | " + literal(one) + " " + names[child];
+                alts += " | " + literal(one) + " " + names[child];
             }
             std::string body = cls + "] char* \"\\\"\" | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4}) char* \"\\\"\"" + alts;
             if (!trie[i].key_ends) body += " | \"\\\"\"";
