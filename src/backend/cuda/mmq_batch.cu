@@ -542,7 +542,7 @@ __global__ void __launch_bounds__(kThreads) mmq_batch_staged_kernel(DevWeight w,
 // bits, with no shared-memory chain and no CTA-wide barrier. Rows past the
 // matrix and tokens past n arrive as zeros: computed, never stored.
 
-constexpr int kStreamTileWarps = 2;      // token tiles (of 8) a consumer warp owns
+constexpr int kStreamTilesPerWarp = 2;   // token tiles (of 8) a consumer warp owns
 constexpr int kStreamSmem = 100 * 1024;  // stage ring per CTA: two CTAs an SM
 
 // The registered block the copies take whole: q6_K's padded one only.
@@ -551,7 +551,7 @@ constexpr int stream_block_bytes(WType t) { return t == WType::Q4_K ? 144 : t ==
 template <WType T, bool WIDE, int NT>
 struct Stream {
     static constexpr int kTiles = NT / 8;
-    static constexpr int kGroups = (kTiles + kStreamTileWarps - 1) / kStreamTileWarps;  // consumer warps per 16 rows
+    static constexpr int kGroups = (kTiles + kStreamTilesPerWarp - 1) / kStreamTilesPerWarp;  // consumer warps per 16 rows
     static constexpr int kConsumers = 2 * kGroups;
     static constexpr int kThreads = 32 * (kConsumers + 1);  // and the producer
     static constexpr int kBlockBytes = stream_block_bytes(T);
@@ -585,10 +585,10 @@ __device__ __forceinline__ void tensor_copy(void* dst, const CUtensorMap& map, i
 // tiles th, th + kGroups; each output's term chained into acc.
 template <WType T, bool WIDE, int NT>
 __device__ __forceinline__ void stream_super_block(const unsigned char* st, int mi, int th,
-                                                   float (&acc)[kStreamTileWarps][4]) {
+                                                   float (&acc)[kStreamTilesPerWarp][4]) {
     using S = Stream<T, WIDE, NT>;
     constexpr bool has_min = T != WType::Q6_K;
-    constexpr int QW = kStreamTileWarps;
+    constexpr int QW = kStreamTilesPerWarp;
     const int lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
     // ldmatrix: lanes 8m..8m+7 address token row (lane & 7) of matrix m,
     // bytes 16m.. of sub-blocks j, j + 1: chunk 2(j % 4) + m of half j / 4.
@@ -682,9 +682,9 @@ __global__ void __launch_bounds__(Stream<T, WIDE, NT>::kThreads)
     }
 
     const int mi = warp & 1, th = warp >> 1;
-    float acc[kStreamTileWarps][4];
+    float acc[kStreamTilesPerWarp][4];
 #pragma unroll
-    for (int q = 0; q < kStreamTileWarps; ++q)
+    for (int q = 0; q < kStreamTilesPerWarp; ++q)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[q][e] = 0.0f;
     for (int kc = 0; kc < nsb; ++kc) {
@@ -698,7 +698,7 @@ __global__ void __launch_bounds__(Stream<T, WIDE, NT>::kThreads)
 
     const int g = lane >> 2, tig = lane & 3;
 #pragma unroll
-    for (int q = 0; q < kStreamTileWarps; ++q)
+    for (int q = 0; q < kStreamTilesPerWarp; ++q)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int t = 8 * (th + S::kGroups * q) + 2 * tig + (e & 1);
