@@ -205,9 +205,25 @@ public:
     virtual void matmul_experts_shared(Tensor x, std::initializer_list<ExpertTarget> targets) {
         for (const ExpertTarget& t : targets) matmul_experts(*t.experts, x, t.y);
     }
+    // The gated input of the experts' down matrix: gate = silu(x gate_exps^T) *
+    // (x up_exps^T) for the routed rows, up left as scratch. The bits of
+    // matmul_experts_shared on both sets then swiglu, which is what this
+    // default does; a backend may do it in one pass.
+    virtual void matmul_experts_swiglu(Tensor x, const std::vector<Weight>& gate_exps,
+                                       const std::vector<Weight>& up_exps, Tensor gate, Tensor up) {
+        matmul_experts_shared(x, {{&gate_exps, gate}, {&up_exps, up}});
+        swiglu(gate, up);
+    }
     // out[t] = the sum over j of weight(t, j) * y[t*k + j]: w_0 y_0 rounded,
     // then fma(w_j, y_j, sum) for j = 1..k-1 in order.
     virtual void combine_experts(Tensor y, Tensor out) = 0;
+    // combine_experts of matmul_experts(experts, x, y): the bits of both
+    // calls, which is what this default does (y as they leave it); a backend
+    // may do it in one pass, leaving y unwritten.
+    virtual void matmul_experts_combine(const std::vector<Weight>& experts, Tensor x, Tensor y, Tensor out) {
+        matmul_experts(experts, x, y);
+        combine_experts(y, out);
+    }
     // Waits until all issued work is done.
     virtual void synchronize() = 0;
     // The first error any operation hit since the last call (operations are

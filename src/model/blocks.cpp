@@ -36,10 +36,8 @@ void moe_ffn(const LayerPass& p, const Layer& L, Tensor in, Tensor out) {
     const Tensor gate = pairs(p.gate), up = pairs(p.up), y = pairs(p.experts_out);
     p.be.matmul(L.ffn_router, in, p.router);
     p.be.route_experts(p.router, int(k));
-    p.be.matmul_experts_shared(in, {{&L.gate_exps, gate}, {&L.up_exps, up}});
-    p.be.swiglu(gate, up);
-    p.be.matmul_experts(L.down_exps, gate, y);
-    p.be.combine_experts(y, out);
+    p.be.matmul_experts_swiglu(in, L.gate_exps, L.up_exps, gate, up);
+    p.be.matmul_experts_combine(L.down_exps, gate, y, out);
     if (p.shard) p.be.all_reduce_sum(out);
 }
 

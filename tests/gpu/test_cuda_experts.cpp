@@ -9,6 +9,8 @@
 //    for an input shared by a token's experts and one row per (token, expert),
 //    every integer weight type (q6_K in both layouts the backend registers)
 //    and f16;
+//  - matmul_experts_swiglu has the bits of both expert matmuls and swiglu,
+//    matmul_experts_combine those of matmul_experts and combine_experts;
 //  - combine_experts is w_0 y_0 then fma in order: bit-exact where the
 //    weights are exact (equal logits), within a few ulp of the weights' expf
 //    otherwise.
@@ -63,26 +65,29 @@ void check_shape(const Shape& sh, bool equal_logits, std::mt19937& rng) {
     backend::Backend& be = **made;
     std::normal_distribution<float> nd(0.0f, 1.0f), wd(0.0f, 0.05f);
 
-    // The experts: one stacked tensor, a view per expert, as the loader makes them.
+    // The experts: one stacked tensor, a view per expert, as the loader makes
+    // them. A second set of the shape is the up matrices of the gated form.
     const size_t rb = quant::row_bytes(sh.type, sh.cols);
-    std::vector<uint8_t> bytes(size_t(sh.n_expert * sh.rows) * rb);
+    std::vector<uint8_t> bytes(size_t(sh.n_expert * sh.rows) * rb), up_bytes(bytes.size());
     std::vector<float> row(static_cast<size_t>(sh.cols));
-    for (int64_t r = 0; r < sh.n_expert * sh.rows; ++r) {
-        for (float& v : row) v = wd(rng);
-        ASSERT_TRUE(quant::quantize_row(sh.type, row.data(), bytes.data() + size_t(r) * rb, sh.cols).ok());
-    }
-    std::vector<Weight> experts;
-    for (int e = 0; e < sh.n_expert; ++e) {
-        Weight w;
-        w.name = "expert " + std::to_string(e);
-        w.type = sh.type;
-        w.rows = sh.rows;
-        w.cols = sh.cols;
-        w.row_bytes = rb;
-        w.host = bytes.data() + size_t(e * sh.rows) * rb;
-        auto reg = be.register_weight(w);
-        ASSERT_TRUE(reg.ok()) << reg.error().message;
-        experts.push_back(*reg);
+    std::vector<Weight> experts, up_experts;
+    for (auto [set, data] : {std::pair{&experts, &bytes}, std::pair{&up_experts, &up_bytes}}) {
+        for (int64_t r = 0; r < sh.n_expert * sh.rows; ++r) {
+            for (float& v : row) v = wd(rng);
+            ASSERT_TRUE(quant::quantize_row(sh.type, row.data(), data->data() + size_t(r) * rb, sh.cols).ok());
+        }
+        for (int e = 0; e < sh.n_expert; ++e) {
+            Weight w;
+            w.name = "expert " + std::to_string(e);
+            w.type = sh.type;
+            w.rows = sh.rows;
+            w.cols = sh.cols;
+            w.row_bytes = rb;
+            w.host = data->data() + size_t(e * sh.rows) * rb;
+            auto reg = be.register_weight(w);
+            ASSERT_TRUE(reg.ok()) << reg.error().message;
+            set->push_back(*reg);
+        }
     }
 
     const int64_t n_pairs = sh.n_tok * sh.k;
@@ -113,6 +118,39 @@ void check_shape(const Shape& sh, bool equal_logits, std::mt19937& rng) {
     be.combine_experts(y, out);
     const std::vector<float> gy = read(be, y), gyp = read(be, yp), gout = read(be, out);
     ASSERT_TRUE(be.take_error().ok());
+
+    // The gated form has the bits of both expert matmuls and swiglu, for a
+    // shared input and one row per (token, expert).
+    for (Tensor in : {x, xp}) {
+        Tensor g = *be.alloc(n_pairs, sh.rows), u = *be.alloc(n_pairs, sh.rows);
+        Tensor sep_g = *be.alloc(n_pairs, sh.rows), sep_u = *be.alloc(n_pairs, sh.rows);
+        fill(be, g, poison);
+        fill(be, u, poison);
+        be.matmul_experts_swiglu(in, experts, up_experts, g, u);
+        be.matmul_experts(experts, in, sep_g);
+        be.matmul_experts(up_experts, in, sep_u);
+        be.swiglu(sep_g, sep_u);
+        const std::vector<float> fused = read(be, g), separate = read(be, sep_g);
+        ASSERT_TRUE(be.take_error().ok());
+        for (int64_t p = 0; p < n_pairs; ++p)
+            ASSERT_EQ(std::memcmp(fused.data() + p * sh.rows, separate.data() + p * sh.rows,
+                                  size_t(sh.rows) * sizeof(float)),
+                      0)
+                << "routed row " << p << (in.data == x.data ? ", shared input" : ", own input");
+    }
+    // The down form with its combine has the bits of matmul_experts then
+    // combine_experts (yp is xp's routed rows).
+    {
+        Tensor o = *be.alloc(sh.n_tok, sh.rows), sep = *be.alloc(sh.n_tok, sh.rows);
+        Tensor scratch = *be.alloc(n_pairs, sh.rows);
+        fill(be, o, std::vector<float>(size_t(sh.n_tok * sh.rows), std::numeric_limits<float>::quiet_NaN()));
+        be.matmul_experts_combine(experts, xp, scratch, o);
+        be.combine_experts(yp, sep);
+        const std::vector<float> fused = read(be, o), separate = read(be, sep);
+        ASSERT_TRUE(be.take_error().ok());
+        ASSERT_EQ(std::memcmp(fused.data(), separate.data(), fused.size() * sizeof(float)), 0)
+            << "matmul_experts_combine";
+    }
 
     std::vector<int32_t> ids(static_cast<size_t>(sh.k));
     std::vector<float> w(static_cast<size_t>(sh.k));

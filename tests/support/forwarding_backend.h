@@ -63,7 +63,16 @@ public:
     void matmul_experts_shared(backend::Tensor x, std::initializer_list<ExpertTarget> targets) override {
         be_->matmul_experts_shared(x, targets);
     }
+    void matmul_experts_swiglu(backend::Tensor x, const std::vector<backend::Weight>& gate_exps,
+                               const std::vector<backend::Weight>& up_exps, backend::Tensor gate,
+                               backend::Tensor up) override {
+        be_->matmul_experts_swiglu(x, gate_exps, up_exps, gate, up);
+    }
     void combine_experts(backend::Tensor y, backend::Tensor out) override { be_->combine_experts(y, out); }
+    void matmul_experts_combine(const std::vector<backend::Weight>& experts, backend::Tensor x, backend::Tensor y,
+                                backend::Tensor out) override {
+        be_->matmul_experts_combine(experts, x, y, out);
+    }
     void synchronize() override { be_->synchronize(); }
     Status take_error() override { return be_->take_error(); }
     void all_reduce_sum(backend::Tensor x) override { be_->all_reduce_sum(x); }

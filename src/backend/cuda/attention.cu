@@ -639,13 +639,6 @@ __global__ void attention_combine_kernel(KvLayer kv, int n_heads, int head_dim, 
     out[row * head_dim + d] = a * inv;
 }
 
-int current_sm_count() {
-    int device = 0, sms = 0;
-    if (cudaGetDevice(&device) != cudaSuccess) return 0;
-    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 0;
-    return sms;
-}
-
 // Short segments give a decode token many CTAs (depth 1024: 8 per head); past
 // kMaxSegments * kMinSegment positions the segment doubles instead, so the
 // workspace stays bounded. A function of the cache's length alone: it fixes

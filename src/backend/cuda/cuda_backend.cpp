@@ -438,6 +438,20 @@ public:
         launched("route_experts");
     }
 
+    // Whether an input x (a row per token or per routed row), a set of
+    // n_experts and an output of y_rows fit the current routing; if not, the
+    // error is noted.
+    bool fits_routing(const char* op, int64_t x_rows, size_t n_experts, int64_t y_rows) {
+        const int64_t n_pairs = route_tokens_ * route_k_;
+        if (n_pairs > 0 && (x_rows == n_pairs || x_rows * route_k_ == n_pairs) && y_rows == n_pairs &&
+            n_experts == size_t(route_n_expert_))
+            return true;
+        note(Error{std::string(op) + ": " + std::to_string(x_rows) + " input rows and " + std::to_string(n_experts) +
+                   " experts do not match the routing of " + std::to_string(route_tokens_) + " tokens over " +
+                   std::to_string(route_n_expert_)});
+        return false;
+    }
+
     void matmul_experts(const std::vector<Weight>& experts, Tensor x, Tensor y) override {
         matmul_experts_shared(x, {{&experts, y}});
     }
@@ -449,11 +463,7 @@ public:
         for (const ExpertTarget& t : targets) {
             const std::vector<Weight>& experts = *t.experts;
             const Tensor y = t.y;
-            if (n_pairs == 0 || (x.rows != n_pairs && x.rows * route_k_ != n_pairs) || y.rows != n_pairs ||
-                experts.size() != size_t(route_n_expert_))
-                return note(Error{"matmul_experts: " + std::to_string(x.rows) + " input rows and " +
-                                  std::to_string(experts.size()) + " experts do not match the routing of " +
-                                  std::to_string(route_tokens_) + " tokens over " + std::to_string(route_n_expert_)});
+            if (!fits_routing("matmul_experts", x.rows, experts.size(), y.rows)) return;
             if (replaying_) continue;
             auto table = expert_table(experts);
             if (!table.ok()) return note(table.error());
@@ -476,12 +486,68 @@ public:
         launched("matmul_experts");
     }
 
+    // At decode, with integer weights: gate and up of a routed row in one
+    // warp and its SwiGLU in the same pass (mmvq_experts_swiglu, the bits of
+    // the two matmuls and swiglu); otherwise those three steps.
+    void matmul_experts_swiglu(Tensor x, const std::vector<Weight>& gate_exps, const std::vector<Weight>& up_exps,
+                               Tensor gate, Tensor up) override {
+        const int64_t n_pairs = route_tokens_ * route_k_;
+        const bool fused = route_tokens_ <= cuda::kMmvqMaxTokens && !gate_exps.empty() &&
+                           gate_exps.size() == up_exps.size() && [&] {
+                               const cuda::DevWeight& g = static_cast<DeviceWeight*>(gate_exps[0].impl)->dev;
+                               const cuda::DevWeight& u = static_cast<DeviceWeight*>(up_exps[0].impl)->dev;
+                               return cuda::int_type(g.type) && cuda::mmvq_parts_compatible(g, u) &&
+                                      g.rows == u.rows && g.row_stride == u.row_stride;
+                           }();
+        if (!fused) return Backend::matmul_experts_swiglu(x, gate_exps, up_exps, gate, up);
+        if (!fits_routing("matmul_experts_swiglu", x.rows, gate_exps.size(), gate.rows) ||
+            !fits_routing("matmul_experts_swiglu", x.rows, up_exps.size(), up.rows))
+            return;
+        if (replaying_) return;
+        auto gate_table = expert_table(gate_exps);
+        if (!gate_table.ok()) return note(gate_table.error());
+        auto up_table = expert_table(up_exps);
+        if (!up_table.ok()) return note(up_table.error());
+        const cuda::DevWeight& w = static_cast<DeviceWeight*>(gate_exps[0].impl)->dev;
+        cuda::DevAct a{act_qs_, act_d_, act_sum_, x.cols / 32, cuda::act_group(w.type)};
+        cuda::quantize_act(x.data, x.cols, x.rows, x.cols, a, stream_);
+        cuda::mmvq_experts_swiglu(*gate_table, *up_table, w, a, route_ids_, n_pairs, x.rows == n_pairs ? 1 : route_k_,
+                                  gate.data, gate.cols, stream_);
+        launched("matmul_experts_swiglu");
+    }
+
     void combine_experts(Tensor y, Tensor out) override {
         if (y.rows != route_tokens_ * route_k_ || out.rows != route_tokens_ || out.cols != y.cols)
             return note(Error{"combine_experts: shapes do not match the routing"});
         if (replaying_) return;
         cuda::combine_experts(y.data, route_w_, out.rows, route_k_, out.cols, out.data, stream_);
         launched("combine_experts");
+    }
+
+    // At decode, with integer weights: a token's k routed rows and their
+    // weighted combine in one pass (mmvq_experts_combine, the bits of
+    // matmul_experts then combine_experts; y is not written).
+    void matmul_experts_combine(const std::vector<Weight>& experts, Tensor x, Tensor y, Tensor out) override {
+        const int64_t n_pairs = route_tokens_ * route_k_;
+        const bool fused = route_tokens_ <= cuda::kMmvqMaxTokens && !experts.empty() && x.rows == n_pairs &&
+                           cuda::int_type(static_cast<DeviceWeight*>(experts[0].impl)->dev.type);
+        if (!fused) return Backend::matmul_experts_combine(experts, x, y, out);
+        // The checks of the two calls it stands for, y's included (it is not written).
+        if (!fits_routing("matmul_experts_combine", x.rows, experts.size(), y.rows)) return;
+        if (out.rows != route_tokens_ || out.cols != y.cols || out.cols != experts[0].rows)
+            return note(Error{"matmul_experts_combine: an output of " + std::to_string(out.rows) + " x " +
+                              std::to_string(out.cols) + " does not match the routing of " +
+                              std::to_string(route_tokens_) + " tokens and experts of " +
+                              std::to_string(experts[0].rows) + " rows"});
+        if (replaying_) return;
+        auto table = expert_table(experts);
+        if (!table.ok()) return note(table.error());
+        const cuda::DevWeight& w = static_cast<DeviceWeight*>(experts[0].impl)->dev;
+        cuda::DevAct a{act_qs_, act_d_, act_sum_, x.cols / 32, cuda::act_group(w.type)};
+        cuda::quantize_act(x.data, x.cols, x.rows, x.cols, a, stream_);
+        cuda::mmvq_experts_combine(*table, w, a, route_ids_, route_w_, route_tokens_, route_k_, out.data, out.cols,
+                                   stream_);
+        launched("matmul_experts_combine");
     }
 
     void all_reduce_sum(Tensor x) override {
@@ -646,7 +712,7 @@ private:
         if (capturing_) return Error{"cuda: internal error: the routing grows inside a graph capture"};
         const int64_t pairs = std::max(n_pairs, route_pair_capacity_);
         const int64_t tile_cap = std::max(tiles, route_tile_capacity_);
-        auto ints = device_alloc(size_t(2 * pairs + kMaxExperts + 1) * sizeof(int32_t), "the expert routing");
+        auto ints = device_alloc(size_t(2 * pairs + 2 * kMaxExperts + 1) * sizeof(int32_t), "the expert routing");
         if (!ints.ok()) return Error{ints.error().message};
         auto w = device_alloc(size_t(pairs) * sizeof(float), "the expert weights");
         if (!w.ok()) return Error{w.error().message};
@@ -655,6 +721,7 @@ private:
         route_ids_ = static_cast<int32_t*>(*ints);
         route_groups_.pairs = route_ids_ + pairs;
         route_groups_.start = route_groups_.pairs + pairs;
+        route_groups_.count = route_groups_.start + kMaxExperts + 1;
         route_groups_.tiles = static_cast<int2*>(*t);
         route_w_ = static_cast<float*>(*w);
         route_pair_capacity_ = pairs;

@@ -61,61 +61,81 @@ __global__ void route_kernel(const float* __restrict__ logits, int64_t n_tokens,
     }
 }
 
-// The grouping: one CTA, a thread per expert: counts of each expert's rows,
-// their starts (a prefix sum), then each expert's rows in order and its
-// 64-row tiles.
-constexpr int kGroupThreads = 256, kChunk = 4096;
+// The grouping, a CTA per expert in two launches: count_kernel counts each
+// expert's rows; place_kernel takes its expert's start and first tile from
+// the counts of the experts before it and lists the expert's rows in row
+// order, each warp a segment of the rows (counted, offset by the warps
+// before it, then written by ballot ranks), so no atomics and no order that
+// depends on timing. (One CTA walking every expert's rows took 254 us a
+// layer at 512 tokens: docs/perf/LOG.md g44.)
+constexpr int kGroupThreads = 1024, kGroupWarps = kGroupThreads / 32;
 
-// Calls visit(p) for each routed row p of this thread's expert (threadIdx.x),
-// in row order. ids are staged in shared memory a chunk at a time, one byte
-// each, and scanned four at a time; every thread of the CTA calls it (it
-// synchronises).
-template <class Visit>
-__device__ __forceinline__ void for_each_row_of_mine(const int32_t* __restrict__ ids, int n_pairs, int n_expert,
-                                                     uint8_t* s_ids, Visit visit) {
-    const uint32_t mine = uint32_t(threadIdx.x & 0xff) * 0x01010101u;
-    for (int c0 = 0; c0 < n_pairs; c0 += kChunk) {
-        const int n = min(kChunk, n_pairs - c0);
-        __syncthreads();  // the previous chunk's scan is done
-        for (int i = threadIdx.x; i < kChunk; i += kGroupThreads) s_ids[i] = i < n ? uint8_t(ids[c0 + i]) : 0xff;
-        __syncthreads();
-        if (int(threadIdx.x) >= n_expert) continue;
-        const uint32_t* w = reinterpret_cast<const uint32_t*>(s_ids);
-        for (int i = 0; i < (n + 3) / 4; ++i)
-            for (uint32_t eq = __vcmpeq4(w[i], mine); eq;) {
-                const int b = (__ffs(eq) - 1) / 8;
-                eq &= ~(0xffu << (8 * b));
-                if (4 * i + b < n) visit(c0 + 4 * i + b);  // bytes past n hold 0xff, expert 255's id
-            }
-    }
+// The sum of v over the CTA, in every thread (s: kGroupWarps ints).
+__device__ __forceinline__ int cta_sum(int v, int* s) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kAll, v, o);
+    __syncthreads();  // s may hold an earlier sum still being read
+    if ((threadIdx.x & 31) == 0) s[threadIdx.x / 32] = v;
+    __syncthreads();
+    int total = 0;
+#pragma unroll
+    for (int w = 0; w < kGroupWarps; ++w) total += s[w];
+    return total;
 }
 
-__global__ void __launch_bounds__(kGroupThreads) group_kernel(const int32_t* __restrict__ ids, int n_pairs,
-                                                              int n_expert, ExpertGroups g, int max_tiles) {
+__global__ void __launch_bounds__(kGroupThreads) count_kernel(const int32_t* __restrict__ ids, int n_pairs,
+                                                              int32_t* __restrict__ count) {
     after_prior_grids();
-    __shared__ __align__(16) uint8_t s_ids[kChunk];
-    __shared__ int s_count[kGroupThreads], s_start[kGroupThreads + 1], s_tile[kGroupThreads + 1];
-    const int e = threadIdx.x;
-    int count = 0;
-    for_each_row_of_mine(ids, n_pairs, n_expert, s_ids, [&](int) { ++count; });
-    s_count[e] = e < n_expert ? count : 0;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        s_start[0] = s_tile[0] = 0;
-        for (int x = 0; x < kGroupThreads; ++x) {
-            s_start[x + 1] = s_start[x] + s_count[x];
-            s_tile[x + 1] = s_tile[x] + (s_count[x] + kExpertTileRows - 1) / kExpertTileRows;
-        }
+    __shared__ int s[kGroupWarps];
+    const int e = blockIdx.x;
+    int c = 0;
+    for (int p = threadIdx.x; p < n_pairs; p += kGroupThreads) c += ids[p] == e;
+    c = cta_sum(c, s);
+    if (threadIdx.x == 0) count[e] = c;
+}
+
+__global__ void __launch_bounds__(kGroupThreads) place_kernel(const int32_t* __restrict__ ids, int n_pairs,
+                                                              int n_expert, const int32_t* __restrict__ count,
+                                                              ExpertGroups g, int max_tiles) {
+    after_prior_grids();
+    __shared__ int s[kGroupWarps], s_seg[kGroupWarps];
+    const int e = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+    // This expert's start (rows of the experts before it) and first tile.
+    int rows_before = 0, tiles_before = 0;
+    for (int x = threadIdx.x; x < e; x += kGroupThreads) {
+        const int c = count[x];
+        rows_before += c;
+        tiles_before += (c + kExpertTileRows - 1) / kExpertTileRows;
     }
+    rows_before = cta_sum(rows_before, s);
+    tiles_before = cta_sum(tiles_before, s);
+    const int mine = count[e], my_tiles = (mine + kExpertTileRows - 1) / kExpertTileRows;
+    if (threadIdx.x == 0) g.start[e] = rows_before;
+    if (threadIdx.x == 0 && e == n_expert - 1) g.start[n_expert] = rows_before + mine;
+    for (int i = threadIdx.x; i < my_tiles; i += kGroupThreads)
+        g.tiles[tiles_before + i] = make_int2(e, i * kExpertTileRows);
+    if (e == n_expert - 1)  // the tiles past the last expert's
+        for (int i = tiles_before + my_tiles + threadIdx.x; i < max_tiles; i += kGroupThreads)
+            g.tiles[i] = make_int2(-1, 0);
+
+    // The expert's rows in row order: warp w takes rows [seg * w, seg * (w + 1)).
+    const int seg = (n_pairs + kGroupWarps - 1) / kGroupWarps;
+    const int lo = min(n_pairs, seg * warp), hi = min(n_pairs, lo + seg);
+    int n_mine = 0;
+    for (int p = lo + lane; p < hi; p += 32) n_mine += ids[p] == e;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) n_mine += __shfl_xor_sync(kAll, n_mine, o);
+    if (lane == 0) s_seg[warp] = n_mine;
     __syncthreads();
-    if (e < n_expert) g.start[e] = s_start[e];
-    if (threadIdx.x == 0) g.start[n_expert] = s_start[n_expert];
-    if (e < n_expert)
-        for (int i = 0; i < s_tile[e + 1] - s_tile[e]; ++i) g.tiles[s_tile[e] + i] = make_int2(e, i * kExpertTileRows);
-    for (int i = s_tile[kGroupThreads] + threadIdx.x; i < max_tiles; i += kGroupThreads) g.tiles[i] = make_int2(-1, 0);
-    // Each expert's rows, in row order.
-    int at = s_start[e];
-    for_each_row_of_mine(ids, n_pairs, n_expert, s_ids, [&](int p) { g.pairs[at++] = p; });
+    int at = rows_before;
+    for (int w = 0; w < warp; ++w) at += s_seg[w];
+    for (int p0 = lo; p0 < hi; p0 += 32) {
+        const int p = p0 + lane;
+        const bool hit = p < hi && ids[p] == e;
+        const unsigned ballot = __ballot_sync(kAll, hit);
+        if (hit) g.pairs[at + __popc(ballot & ((1u << lane) - 1))] = p;
+        at += __popc(ballot);
+    }
 }
 
 __global__ void combine_kernel(const float* __restrict__ y, const float* __restrict__ weights, int64_t n_tokens,
@@ -144,8 +164,10 @@ int expert_max_tiles(int64_t n_pairs, int n_expert) {
 }
 
 void group_experts(const int32_t* ids, int64_t n_pairs, int n_expert, ExpertGroups g, cudaStream_t s) {
-    if (n_pairs < 1) return;
-    launch(group_kernel, 1, kGroupThreads, 0, s, ids, int(n_pairs), n_expert, g, expert_max_tiles(n_pairs, n_expert));
+    if (n_pairs < 1 || n_expert < 1) return;
+    launch(count_kernel, unsigned(n_expert), kGroupThreads, 0, s, ids, int(n_pairs), g.count);
+    launch(place_kernel, unsigned(n_expert), kGroupThreads, 0, s, ids, int(n_pairs), n_expert,
+           static_cast<const int32_t*>(g.count), g, expert_max_tiles(n_pairs, n_expert));
 }
 
 void combine_experts(const float* y, const float* weights, int64_t n_tokens, int k, int64_t cols, float* out,

@@ -122,6 +122,7 @@ struct ExpertGroups {
     int32_t* start = nullptr;  // n_expert + 1
     int32_t* pairs = nullptr;  // n_pairs
     int2* tiles = nullptr;     // expert_max_tiles(n_pairs, n_expert)
+    int32_t* count = nullptr;  // n_expert: each expert's rows (the grouping's own scratch)
 };
 int expert_max_tiles(int64_t n_pairs, int n_expert);
 void group_experts(const int32_t* ids, int64_t n_pairs, int n_expert, ExpertGroups groups, cudaStream_t stream);
@@ -132,6 +133,16 @@ void group_experts(const int32_t* ids, int64_t n_pairs, int n_expert, ExpertGrou
 // mmvq_experts: each routed row on its own (decode: a few tokens).
 void mmvq_experts(const uint8_t* const* experts, const DevWeight& w, const DevAct& a, const int32_t* ids,
                   int64_t n_pairs, int per, float* y, int64_t y_stride, cudaStream_t stream);
+// y row p = silu(g) * u, g and u mmvq_experts' rows p of the gate and up sets
+// (one type and shape, w): the bits of both calls and swiglu, in one pass.
+void mmvq_experts_swiglu(const uint8_t* const* gate_exps, const uint8_t* const* up_exps, const DevWeight& w,
+                         const DevAct& a, const int32_t* ids, int64_t n_pairs, int per, float* y, int64_t y_stride,
+                         cudaStream_t stream);
+// out row t = combine_experts of mmvq_experts' rows t * k + j (activation row
+// t * k + j, weights[t * k + j]): the bits of both calls, in one pass.
+void mmvq_experts_combine(const uint8_t* const* experts, const DevWeight& w, const DevAct& a, const int32_t* ids,
+                          const float* weights, int64_t n_tokens, int k, float* out, int64_t out_stride,
+                          cudaStream_t stream);
 // mmq_experts: each expert's rows as the token tiles of its matrix (prefill).
 void mmq_experts(const uint8_t* const* experts, const DevWeight& w, const DevAct& a, const ExpertGroups& groups,
                  int64_t n_pairs, int n_expert, int per, float* y, int64_t y_stride, cudaStream_t stream);
@@ -143,7 +154,9 @@ void matmul_float_experts(const uint8_t* const* experts, const DevWeight& w, con
 void combine_experts(const float* y, const float* weights, int64_t n_tokens, int k, int64_t cols, float* out,
                      cudaStream_t stream);
 
-// F32 / F16 / BF16 weights: y[t][r] = sum_k W[r][k] * x[t][k], f32 arithmetic.
+// F32 / F16 / BF16 weights: y[t][r] = sum_k W[r][k] * x[t][k] in f32, every
+// kernel in one order: four fma chains (column k in chain (k / 4) % 4), then
+// (c0 + c1) + (c2 + c3).
 void matmul_float(const DevWeight& w, const float* x, int64_t n_tokens, float* y, cudaStream_t stream);
 
 // q6_K raw (210-byte) blocks to the padded 224-byte layout, on the device.

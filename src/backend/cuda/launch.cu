@@ -1,4 +1,4 @@
-// Which launch features the current device runs (launch.cuh).
+// Which launch features the current device runs, and its SM count (launch.cuh).
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -27,6 +27,13 @@ bool sm90_code_runs_here() {
         cudaFuncGetAttributes(&fa, probe_kernel) == cudaSuccess && fa.ptxVersion >= 90 && fa.binaryVersion >= 90;
     if (dev >= 0 && dev < kDevices) known[dev].store(runs ? 1 : 2, std::memory_order_relaxed);
     return runs;
+}
+
+int current_sm_count() {
+    int device = 0, sms = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) return 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 0;
+    return sms;
 }
 
 bool pdl_enabled() {

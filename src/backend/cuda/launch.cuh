@@ -47,6 +47,9 @@ __device__ __forceinline__ void after_prior_grids() {
     allow_dependent_launch();
 }
 
+// The current device's streaming multiprocessors (0 where it cannot be asked).
+int current_sm_count();
+
 // True where code compiled for sm_90 or newer runs on the current device
 // (machine code, or PTX of compute_90 or newer compiled for it); cached per
 // device.

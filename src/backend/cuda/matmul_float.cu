@@ -2,11 +2,13 @@
 // experts, and the small weight helpers:
 // which types have integer kernels and which activation grouping they read
 // (quant::dot_grouped_type's), and the q6_K padding repack used at
-// registration. (Block geometry is the GGUF type table's, gguf/tensor_type.h.) Float weights are rare in deployed models, so
-// the matmul is a plain shared-memory tiled f32 kernel checked by tolerance;
-// few-row matrices (mixture-of-experts routers, kept f32 in quantized files)
-// at decode take a thread per output, fed through shared memory. Both sum each output as one fma chain in
-// column order, so a token's bits do not depend on the kernel or the batch.
+// registration. (Block geometry is the GGUF type table's, gguf/tensor_type.h.)
+// Float weights are rare in deployed models, so the matmul is a tiled f32
+// kernel fed by cp.async and checked by tolerance; few-row matrices
+// (mixture-of-experts routers, kept f32 in quantized files) at decode take
+// four threads per output, fed through shared memory. Every kernel sums an
+// output in one order (kChains, below), so a token's bits do not depend on
+// the kernel or the batch.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -37,12 +39,139 @@ __device__ __forceinline__ float weight_at(const uint8_t* row, int64_t k) {
     return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(row)[k]);
 }
 
-constexpr int kTile = 64, kDepth = 16;
-// Up to this many rows and tokens: a thread per output (matmul_float_rows_kernel).
+// Weights k .. k + 3 of a row, k a multiple of 4 (one 16- or 8-byte load).
+template <WType T>
+__device__ __forceinline__ float4 weights4_at(const uint8_t* row, int64_t k) {
+    if (T == WType::F32) return reinterpret_cast<const float4*>(row)[k / 4];
+    const uint2 u = reinterpret_cast<const uint2*>(row)[k / 4];
+    if (T == WType::F16) {
+        const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
+        const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
+        return make_float4(a.x, a.y, b.x, b.y);
+    }
+    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
+    const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+    return make_float4(a.x, a.y, b.x, b.y);
+}
+
+// The order of every output's sum: column k joins chain (k / 4) % kChains, each
+// chain an fma chain in column order from zero, and the output is
+// (c0 + c1) + (c2 + c3). Four chains cut the dependent fmas of a row to a
+// quarter, which bounds the few-row kernel at decode (LOG g44); chains of
+// whole groups of four columns let one thread load its chain's columns as
+// one vector.
+constexpr int kChains = 4;
+__device__ __forceinline__ float chains_total(const float (&c)[kChains]) {
+    return __fadd_rn(__fadd_rn(c[0], c[1]), __fadd_rn(c[2], c[3]));
+}
+
+constexpr int kTile = 64, kDepth = 16;  // kDepth: kChains groups of four columns
+// Up to this many rows and tokens: the few-row kernel (matmul_float_rows_kernel).
 // A 512-token batch was slower that way than tiled (a Qwen3-30B-A3B prefill
-// lost a fifth, docs/perf/LOG.md), so prefill keeps the tiles.
+// lost a fifth, docs/perf/LOG.md g30), so prefill keeps the tiles.
 constexpr int64_t kFewRows = 256, kFewTokens = kMmvqMaxTokens;
 
+// The staged kernels copy rows and tokens in 16-byte pieces.
+bool pieces_fit(const DevWeight& w, const float* x) {
+    return w.cols % 8 == 0 && w.row_stride % 16 == 0 && reinterpret_cast<uintptr_t>(w.data) % 16 == 0 &&
+           reinterpret_cast<uintptr_t>(x) % 16 == 0;
+}
+
+// Many tokens, 16-byte pieces: tiles of TR rows x 64 tokens, kStageCols
+// columns a stage copied by cp.async into a ring of kTileStages stages, so
+// the loads of the next stages overlap this one's fmas. 256 threads in a
+// 16 x 16 grid, each TR / 16 rows x 4 tokens (tokens tt + 16 j: a warp's
+// reads of the token rows fall on distinct banks), reading four columns (a
+// chain's group) as one vector. TR = 16 where 64-row tiles would leave the
+// GPU idle: a mixture of experts' 128-row router over a 512-token prompt
+// took 285 us a layer on 16 CTAs of the plain tiled kernel (LOG g44).
+constexpr int kStageCols = 32, kTileStages = 3, kTileTokens = 64, kTileThreads = 256;
+
+__host__ __device__ constexpr int staged_wpitch(int es) { return kStageCols * es + 16; }
+constexpr int kStagedXPitch = kStageCols * 4 + 16;
+constexpr size_t staged_smem(int tile_rows, int es) {
+    return size_t(kTileStages) * size_t(tile_rows * staged_wpitch(es) + kTileTokens * kStagedXPitch);
+}
+
+template <WType T, int TR>
+__global__ void __launch_bounds__(kTileThreads) matmul_float_staged_kernel(DevWeight w, const float* __restrict__ x,
+                                                                          int64_t n_tokens, float* __restrict__ y) {
+    after_prior_grids();
+    extern __shared__ __align__(16) uint8_t smem[];
+    constexpr int es = T == WType::F32 ? 4 : 2;
+    constexpr int wpitch = staged_wpitch(es), rows_per_thread = TR / 16;
+    constexpr int stage_bytes = TR * wpitch + kTileTokens * kStagedXPitch;
+    const int tid = threadIdx.x, tr = tid / 16, tt = tid % 16;
+    const int64_t row0 = int64_t(blockIdx.x) * TR, tok0 = int64_t(blockIdx.y) * kTileTokens;
+    const int64_t nsteps = (w.cols + kStageCols - 1) / kStageCols;
+
+    // Stage c's pieces; those past the matrix or the tokens are zeros (src size 0).
+    auto issue = [&](int64_t c) {
+        uint8_t* st = smem + (c % kTileStages) * stage_bytes;
+        const int64_t k0 = c * kStageCols;
+        constexpr int w_pieces = kStageCols * es / 16, x_pieces = kStageCols * 4 / 16;
+        for (int u = tid; u < TR * w_pieces; u += kTileThreads) {
+            const int i = u / w_pieces, q = u % w_pieces;
+            const bool in = row0 + i < w.rows && (k0 * es + q * 16) < w.cols * es;
+            cp_async16(st + i * wpitch + q * 16, in ? w.data + (row0 + i) * w.row_stride + k0 * es + q * 16 : w.data,
+                       in ? 16 : 0);
+        }
+        for (int u = tid; u < kTileTokens * x_pieces; u += kTileThreads) {
+            const int i = u / x_pieces, q = u % x_pieces;
+            const bool in = tok0 + i < n_tokens && k0 + q * 4 < w.cols;
+            cp_async16(st + TR * wpitch + i * kStagedXPitch + q * 16, in ? x + (tok0 + i) * w.cols + k0 + q * 4 : x,
+                       in ? 16 : 0);
+        }
+    };
+    for (int64_t c = 0; c < kTileStages - 1; ++c) {
+        if (c < nsteps) issue(c);
+        cp_async_commit();
+    }
+    float acc[kChains][rows_per_thread][4] = {};
+    for (int64_t c = 0; c < nsteps; ++c) {
+        if (c + kTileStages - 1 < nsteps) issue(c + kTileStages - 1);  // into the stage computed at c - 1
+        cp_async_commit();
+        cp_async_wait<kTileStages - 1>();
+        __syncthreads();
+        const uint8_t* st = smem + (c % kTileStages) * stage_bytes;
+        const int64_t groups = min64(kStageCols, w.cols - c * kStageCols) / 4;  // cols is a multiple of 8
+        // The stage starts at a multiple of kChains groups: group g is in chain g % kChains.
+        // Groups past the matrix are skipped, not added as zeros: fma(0, 0, -0)
+        // is +0, and the other kernels never see those columns.
+#pragma unroll
+        for (int g = 0; g < kStageCols / 4; ++g) {
+            if (g >= groups) break;
+            float4 wv[rows_per_thread], xv[4];
+#pragma unroll
+            for (int i = 0; i < rows_per_thread; ++i) wv[i] = weights4_at<T>(st + (tr * rows_per_thread + i) * wpitch, 4 * g);
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                xv[j] = *reinterpret_cast<const float4*>(st + TR * wpitch + (tt + 16 * j) * kStagedXPitch + 16 * g);
+#pragma unroll
+            for (int i = 0; i < rows_per_thread; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    float a = acc[g % kChains][i][j];
+                    a = fmaf(wv[i].x, xv[j].x, a);
+                    a = fmaf(wv[i].y, xv[j].y, a);
+                    a = fmaf(wv[i].z, xv[j].z, a);
+                    a = fmaf(wv[i].w, xv[j].w, a);
+                    acc[g % kChains][i][j] = a;
+                }
+        }
+        __syncthreads();  // the stage is refilled at c + 1
+    }
+#pragma unroll
+    for (int i = 0; i < rows_per_thread; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int64_t row = row0 + tr * rows_per_thread + i, tok = tok0 + tt + 16 * j;
+            const float c[kChains] = {acc[0][i][j], acc[1][i][j], acc[2][i][j], acc[3][i][j]};
+            if (row < w.rows && tok < n_tokens) y[tok * w.rows + row] = chains_total(c);
+        }
+}
+
+// Any shape (rows or tokens not in 16-byte pieces): a plain tiled kernel,
 // 256 threads, each a 4 x 4 block of (row, token) outputs of a 64 x 64 tile.
 template <WType T>
 __global__ void __launch_bounds__(256) matmul_float_kernel(DevWeight w, const float* __restrict__ x,
@@ -52,7 +181,7 @@ __global__ void __launch_bounds__(256) matmul_float_kernel(DevWeight w, const fl
     __shared__ float xs[kDepth][kTile + 1];
     const int tid = threadIdx.x, tr = tid / 16, tt = tid % 16;
     const int64_t row0 = int64_t(blockIdx.x) * kTile, tok0 = int64_t(blockIdx.y) * kTile;
-    float acc[4][4] = {};
+    float acc[kChains][4][4] = {};  // k0 is a multiple of kDepth: column k0 + kk is in chain kk / 4
     for (int64_t k0 = 0; k0 < w.cols; k0 += kDepth) {
         for (int u = tid; u < kTile * kDepth; u += 256) {
             const int i = u / kDepth, kk = u % kDepth;
@@ -63,6 +192,7 @@ __global__ void __launch_bounds__(256) matmul_float_kernel(DevWeight w, const fl
         __syncthreads();
 #pragma unroll
         for (int kk = 0; kk < kDepth; ++kk) {
+            if (k0 + kk >= w.cols) break;  // not zeros added: see the staged kernel
             float wv[4], xv[4];
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
@@ -72,7 +202,7 @@ __global__ void __launch_bounds__(256) matmul_float_kernel(DevWeight w, const fl
 #pragma unroll
             for (int i = 0; i < 4; ++i)
 #pragma unroll
-                for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(wv[i], xv[j], acc[i][j]);
+                for (int j = 0; j < 4; ++j) acc[kk / 4][i][j] = fmaf(wv[i], xv[j], acc[kk / 4][i][j]);
         }
         __syncthreads();
     }
@@ -81,37 +211,40 @@ __global__ void __launch_bounds__(256) matmul_float_kernel(DevWeight w, const fl
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const int64_t row = row0 + tr * 4 + i, tok = tok0 + tt * 4 + j;
-            if (row < w.rows && tok < n_tokens) y[tok * w.rows + row] = acc[i][j];
+            const float c[kChains] = {acc[0][i][j], acc[1][i][j], acc[2][i][j], acc[3][i][j]};
+            if (row < w.rows && tok < n_tokens) y[tok * w.rows + row] = chains_total(c);
         }
 }
 
 // Few rows and tokens (a mixture of experts' router at decode): a CTA of
-// kRowsPerCta rows and up to kFewTokens tokens, a thread per output running
-// the fma chain over the columns in order, the tiled kernel's chain (so the
-// same bits, whichever kernel a shape gets). Rows and tokens stream through
-// shared memory in chunks of kRowsChunk columns by cp.async, kRowsStages - 1
-// chunks in flight, so the loads are coalesced and overlap the chains. (A
+// kRowsPerCta rows and up to kFewTokens tokens, four threads per output, one
+// per chain, each loading its chain's groups of four columns as one vector.
+// Rows and tokens stream through shared memory in chunks of kRowsChunk
+// columns by cp.async, every chunk of a 2,048-column router in flight at
+// once; the four chains are added by shuffles in chains_total's order. (A
 // thread per output reading its own row from global memory waited on every
-// load: 184 us for 128 x 2048 on an H200, docs/perf/LOG.md g31.)
-constexpr int kRowsPerCta = 8, kRowsChunk = 128, kRowsStages = 4;
+// load: 184 us for 128 x 2048 on an H200; one fma chain per output fed in
+// chunks of 128 columns, 21 us: docs/perf/LOG.md g31, g44.)
+constexpr int kRowsPerCta = 2, kRowsChunk = 512, kRowsStages = 4;
+constexpr int kRowsThreads = kRowsPerCta * int(kFewTokens) * kChains;
+static_assert(kRowsThreads % 32 == 0, "the chains are added by shuffles over whole warps");
 
-// The staged kernel copies rows and tokens in 16-byte pieces.
-bool rows_kernel_fits(const DevWeight& w, const float* x) {
-    return w.cols % 8 == 0 && w.row_stride % 16 == 0 && reinterpret_cast<uintptr_t>(w.data) % 16 == 0 &&
-           reinterpret_cast<uintptr_t>(x) % 16 == 0;
+__host__ __device__ constexpr int rows_wpitch(int es) { return kRowsChunk * es + 16; }  // padded: rows start on distinct banks
+constexpr int kRowsXPitch = kRowsChunk * 4 + 16;
+size_t rows_kernel_smem(int es, int64_t n_tokens) {
+    return size_t(kRowsStages) * size_t(kRowsPerCta * rows_wpitch(es) + n_tokens * kRowsXPitch);
 }
 
 template <WType T>
-__global__ void __launch_bounds__(kRowsPerCta * kFewTokens) matmul_float_rows_kernel(DevWeight w,
-                                                                                     const float* __restrict__ x,
-                                                                                     int64_t n_tokens,
-                                                                                     float* __restrict__ y) {
+__global__ void __launch_bounds__(kRowsThreads) matmul_float_rows_kernel(DevWeight w, const float* __restrict__ x,
+                                                                        int64_t n_tokens, float* __restrict__ y) {
     after_prior_grids();
+    extern __shared__ __align__(16) uint8_t smem[];
     constexpr int es = T == WType::F32 ? 4 : 2;  // bytes per weight
-    constexpr int wpitch = kRowsChunk * es + 16, xpitch = kRowsChunk * 4 + 16;  // padded: distinct banks per row
-    constexpr int stage_bytes = kRowsPerCta * wpitch + kFewTokens * xpitch;
-    __shared__ __align__(16) uint8_t smem[kRowsStages * stage_bytes];
-    const int tid = threadIdx.x, r = tid % kRowsPerCta, t = tid / kRowsPerCta;
+    constexpr int wpitch = rows_wpitch(es);
+    const int stage_bytes = kRowsPerCta * wpitch + int(n_tokens) * kRowsXPitch;
+    const int tid = threadIdx.x, chain = tid % kChains, t = tid / kChains % int(kFewTokens),
+              r = tid / (kChains * int(kFewTokens));
     const int64_t row0 = int64_t(blockIdx.x) * kRowsPerCta;
     const int64_t nchunks = (w.cols + kRowsChunk - 1) / kRowsChunk;
 
@@ -120,15 +253,14 @@ __global__ void __launch_bounds__(kRowsPerCta * kFewTokens) matmul_float_rows_ke
         uint8_t* st = smem + (c % kRowsStages) * stage_bytes;
         const int64_t k0 = c * kRowsChunk, len = min64(kRowsChunk, w.cols - k0);
         constexpr int w_pieces = kRowsChunk * es / 16, x_pieces = kRowsChunk * 4 / 16;
-        for (int u = tid; u < kRowsPerCta * w_pieces; u += int(blockDim.x)) {
+        for (int u = tid; u < kRowsPerCta * w_pieces; u += kRowsThreads) {
             const int i = u / w_pieces, q = u % w_pieces;
             if (row0 + i < w.rows && q * 16 < len * es)
                 cp_async16(st + i * wpitch + q * 16, w.data + (row0 + i) * w.row_stride + k0 * es + q * 16);
         }
-        for (int u = tid; u < kFewTokens * x_pieces; u += int(blockDim.x)) {
+        for (int u = tid; u < int(n_tokens) * x_pieces; u += kRowsThreads) {
             const int i = u / x_pieces, q = u % x_pieces;
-            if (i < n_tokens && q * 16 < len * 4)
-                cp_async16(st + kRowsPerCta * wpitch + i * xpitch + q * 16, x + i * w.cols + k0 + q * 4);
+            if (q * 16 < len * 4) cp_async16(st + kRowsPerCta * wpitch + i * kRowsXPitch + q * 16, x + i * w.cols + k0 + q * 4);
         }
     };
     for (int64_t c = 0; c < kRowsStages - 1; ++c) {
@@ -136,7 +268,7 @@ __global__ void __launch_bounds__(kRowsPerCta * kFewTokens) matmul_float_rows_ke
         cp_async_commit();  // empty groups too: the wait below counts every iteration's group
     }
     const bool mine = t < n_tokens && row0 + r < w.rows;
-    float acc = 0.0f;
+    float acc = 0.0f;  // chain `chain` of output (row0 + r, t)
     for (int64_t c = 0; c < nchunks; ++c) {
         if (c + kRowsStages - 1 < nchunks) issue(c + kRowsStages - 1);  // into the stage computed at c - 1
         cp_async_commit();
@@ -144,19 +276,30 @@ __global__ void __launch_bounds__(kRowsPerCta * kFewTokens) matmul_float_rows_ke
         __syncthreads();
         const uint8_t* st = smem + (c % kRowsStages) * stage_bytes;
         const uint8_t* wr = st + r * wpitch;
-        const float* xr = reinterpret_cast<const float*>(st + kRowsPerCta * wpitch + t * xpitch);
-        const int len = int(min64(kRowsChunk, w.cols - c * kRowsChunk));
+        const float* xr = reinterpret_cast<const float*>(st + kRowsPerCta * wpitch + t * kRowsXPitch);
+        const int len = int(min64(kRowsChunk, w.cols - c * kRowsChunk));  // a multiple of 8
         if (mine) {
+            // The chunk starts at a multiple of kChains * 4 columns, so this
+            // thread's chain holds its columns 4 chain + 16 j .. + 3.
 #pragma unroll 8
-            for (int k = 0; k < len; ++k) acc = fmaf(weight_at<T>(wr, k), xr[k], acc);
+            for (int k = 4 * chain; k < len; k += 4 * kChains) {
+                const float4 wv = weights4_at<T>(wr, k), xv = *reinterpret_cast<const float4*>(xr + k);
+                acc = fmaf(wv.x, xv.x, acc);
+                acc = fmaf(wv.y, xv.y, acc);
+                acc = fmaf(wv.z, xv.z, acc);
+                acc = fmaf(wv.w, xv.w, acc);
+            }
         }
         __syncthreads();  // the stage is refilled at c + 1
     }
-    if (mine) y[t * w.rows + row0 + r] = acc;
+    // (c0 + c1) + (c2 + c3): the four chains are neighbouring lanes.
+    constexpr unsigned kAll = 0xffffffffu;
+    const float pair = __fadd_rn(acc, __shfl_down_sync(kAll, acc, 1));     // chains 0 + 1 and 2 + 3
+    const float total = __fadd_rn(pair, __shfl_down_sync(kAll, pair, 2));  // at chain 0
+    if (mine && chain == 0) y[t * w.rows + row0 + r] = total;
 }
 
-// A thread per (output row, routed row): one fma chain over the columns in
-// order, the arithmetic of matmul_float's every output.
+// A thread per (output row, routed row), summing in matmul_float's order.
 template <WType T>
 __global__ void float_experts_kernel(const uint8_t* const* __restrict__ experts, DevWeight w,
                                      const float* __restrict__ x, const int32_t* __restrict__ ids,
@@ -167,9 +310,12 @@ __global__ void float_experts_kernel(const uint8_t* const* __restrict__ experts,
     for (int64_t p = blockIdx.y; p < n_pairs; p += gridDim.y) {
         const uint8_t* row = experts[ids[p]] + r * w.row_stride;
         const float* xr = x + (p / per) * w.cols;
-        float acc = 0.0f;
-        for (int64_t c = 0; c < w.cols; ++c) acc = fmaf(weight_at<T>(row, c), xr[c], acc);
-        y[p * w.rows + r] = acc;
+        float acc[kChains] = {};
+        for (int64_t k0 = 0; k0 < w.cols; k0 += kDepth)
+#pragma unroll
+            for (int kk = 0; kk < kDepth; ++kk)
+                if (k0 + kk < w.cols) acc[kk / 4] = fmaf(weight_at<T>(row, k0 + kk), xr[k0 + kk], acc[kk / 4]);
+        y[p * w.rows + r] = chains_total(acc);
     }
 }
 
@@ -186,13 +332,37 @@ __global__ void pad_q6_K_kernel(const uint8_t* __restrict__ raw, uint8_t* __rest
 
 void matmul_float(const DevWeight& w, const float* x, int64_t n, float* y, cudaStream_t s) {
     if (n < 1 || w.rows < 1) return;
-    if (w.rows <= kFewRows && n <= kFewTokens && rows_kernel_fits(w, x)) {
+    if (w.rows <= kFewRows && n <= kFewTokens && pieces_fit(w, x)) {
         const unsigned blocks = unsigned((w.rows + kRowsPerCta - 1) / kRowsPerCta);
-        constexpr int threads = kRowsPerCta * kFewTokens;
+        auto go = [&](auto kernel, int es) {
+            const size_t smem = rows_kernel_smem(es, n);
+            if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+            launch(kernel, blocks, kRowsThreads, smem, s, w, x, n, y);
+        };
         switch (w.type) {
-            case WType::F32: launch(matmul_float_rows_kernel<WType::F32>, blocks, threads, 0, s, w, x, n, y); break;
-            case WType::F16: launch(matmul_float_rows_kernel<WType::F16>, blocks, threads, 0, s, w, x, n, y); break;
-            case WType::BF16: launch(matmul_float_rows_kernel<WType::BF16>, blocks, threads, 0, s, w, x, n, y); break;
+            case WType::F32: go(matmul_float_rows_kernel<WType::F32>, 4); break;
+            case WType::F16: go(matmul_float_rows_kernel<WType::F16>, 2); break;
+            case WType::BF16: go(matmul_float_rows_kernel<WType::BF16>, 2); break;
+            default: break;
+        }
+        return;
+    }
+    if (pieces_fit(w, x)) {
+        const int64_t token_tiles = (n + kTileTokens - 1) / kTileTokens;
+        const bool wide = (w.rows + 63) / 64 * token_tiles >= 2 * current_sm_count();  // 64-row tiles fill the GPU
+        auto go = [&](auto kernel, int tile_rows, int es) {
+            const size_t smem = staged_smem(tile_rows, es);
+            if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+            const dim3 grid(unsigned((w.rows + tile_rows - 1) / tile_rows), unsigned(token_tiles));
+            launch(kernel, grid, kTileThreads, smem, s, w, x, n, y);
+        };
+        switch (w.type) {
+            case WType::F32: wide ? go(matmul_float_staged_kernel<WType::F32, 64>, 64, 4)
+                                  : go(matmul_float_staged_kernel<WType::F32, 16>, 16, 4); break;
+            case WType::F16: wide ? go(matmul_float_staged_kernel<WType::F16, 64>, 64, 2)
+                                  : go(matmul_float_staged_kernel<WType::F16, 16>, 16, 2); break;
+            case WType::BF16: wide ? go(matmul_float_staged_kernel<WType::BF16, 64>, 64, 2)
+                                   : go(matmul_float_staged_kernel<WType::BF16, 16>, 16, 2); break;
             default: break;
         }
         return;

@@ -1,5 +1,7 @@
-// Decode matmul (1..8 tokens), and its routed form for experts (one token row
-// per CTA column, its expert's matrix): one warp per weight row. A warp takes four
+// Decode matmul (1..8 tokens), and its routed forms for experts (one token row
+// per CTA column, its expert's matrix; gate and up with their SwiGLU in one
+// pass; down with the weighted combine of a token's experts in one pass): one
+// warp per weight row. A warp takes four
 // chunks (eight 32-element blocks each: a K-quant super-block, or eight legacy
 // blocks) per round, one block per lane, so consecutive lanes read consecutive
 // bytes of the row and of the activations. The lanes of a chunk combine their
@@ -8,6 +10,7 @@
 #include "backend/cuda/block_decode.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch.cuh"
+#include "backend/cuda/row_ops.cuh"
 
 namespace tern::cuda {
 namespace {
@@ -115,18 +118,26 @@ __device__ __forceinline__ void kquant_round(const uint8_t* rowp, int block_stri
         }
 }
 
-// Row `row` of W against tokens 0..NT-1 of a, into y[t * y_stride + row].
-template <WType T, bool WIDE, int NT>
-__device__ __forceinline__ void mmvq_row(const DevWeight& w, const DevAct& a, int64_t row, float* __restrict__ y,
-                                         int64_t y_stride) {
+// a's row t as a one-row activation.
+__device__ __forceinline__ DevAct act_row(DevAct a, int64_t t) {
+    a.qs += t * a.blocks * 32;
+    a.d += t * a.blocks;
+    a.sum += t * a.blocks;
+    return a;
+}
+
+// Rows rowp[0..NR) of W's shape against tokens 0..NT-1 of a[i]: acc[i][t].
+// The rows' rounds share each loop step, so their loads are in flight together.
+template <WType T, bool WIDE, int NT, int NR>
+__device__ __forceinline__ void row_dots(const uint8_t* const (&rowp)[NR], const DevWeight& w, const DevAct (&a)[NR],
+                                         float (&acc)[NR][NT]) {
     const int lane = threadIdx.x & 31, grp = lane >> 3, j = lane & 7;
-    if (row >= w.rows) return;  // uniform per warp
     const int64_t nblocks = w.cols / 32;
     const int64_t nchunks = (nblocks + 7) / 8;
-    const uint8_t* rowp = w.data + row * w.row_stride;
-    float acc[NT];
 #pragma unroll
-    for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
+    for (int i = 0; i < NR; ++i)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) acc[i][t] = 0.0f;
 
 #pragma unroll 4
     for (int64_t base = 0; base < nchunks; base += 4) {
@@ -134,18 +145,40 @@ __device__ __forceinline__ void mmvq_row(const DevWeight& w, const DevAct& a, in
         const int64_t b = ci * 8 + j;         // and block
         const int nb = ci < nchunks ? int(min64(8, nblocks - ci * 8)) : 0;
         const int n_here = int(min64(4, nchunks - base));
-        if constexpr (BlockInfo<T>::kquant)
-            kquant_round<T, WIDE, NT>(rowp, w.block_stride, a, ci, b, j < nb, n_here, acc);
-        else
-            legacy_round<T, NT>(rowp, w.block_stride, a, ci, b, j, nb, n_here, acc);
+#pragma unroll
+        for (int i = 0; i < NR; ++i) {
+            if constexpr (BlockInfo<T>::kquant)
+                kquant_round<T, WIDE, NT>(rowp[i], w.block_stride, a[i], ci, b, j < nb, n_here, acc[i]);
+            else
+                legacy_round<T, NT>(rowp[i], w.block_stride, a[i], ci, b, j, nb, n_here, acc[i]);
+        }
     }
+}
+
+// Lane t < NT writes token t's value v[t] to y[t * y_stride + row].
+template <int NT>
+__device__ __forceinline__ void store_tokens(const float (&v)[NT], int64_t row, float* __restrict__ y,
+                                             int64_t y_stride) {
+    const int lane = threadIdx.x & 31;
     if (lane < NT) {
-        float mine = acc[0];
+        float mine = v[0];
 #pragma unroll
         for (int t = 1; t < NT; ++t)
-            if (lane == t) mine = acc[t];
+            if (lane == t) mine = v[t];
         y[int64_t(lane) * y_stride + row] = mine;
     }
+}
+
+// Row `row` of W against tokens 0..NT-1 of a, into y[t * y_stride + row].
+template <WType T, bool WIDE, int NT>
+__device__ __forceinline__ void mmvq_row(const DevWeight& w, const DevAct& a, int64_t row, float* __restrict__ y,
+                                         int64_t y_stride) {
+    if (row >= w.rows) return;  // uniform per warp
+    const uint8_t* const rowp[1] = {w.data + row * w.row_stride};
+    const DevAct as[1] = {a};
+    float acc[1][NT];
+    row_dots<T, WIDE, NT, 1>(rowp, w, as, acc);
+    store_tokens<NT>(acc[0], row, y, y_stride);
 }
 
 // The parts of one launch: part i's rows are CTAs first_cta[i] .. first_cta[i + 1) - 1.
@@ -175,12 +208,66 @@ __global__ void __launch_bounds__(kWarps * 32) mmvq_experts_kernel(const uint8_t
                                                                    const int32_t* __restrict__ ids, int per,
                                                                    float* __restrict__ y, int64_t y_stride) {
     after_prior_grids();
-    const int64_t p = blockIdx.y, t = p / per;
+    const int64_t p = blockIdx.y;
     w.data = experts[ids[p]];
-    a.qs += t * a.blocks * 32;
-    a.d += t * a.blocks;
-    a.sum += t * a.blocks;
-    mmvq_row<T, WIDE, 1>(w, a, int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5), y + p * y_stride, y_stride);
+    mmvq_row<T, WIDE, 1>(w, act_row(a, p / per), int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5),
+                         y + p * y_stride, y_stride);
+}
+
+// Token t = blockIdx.y: out row t = the combine of its k routed rows' products
+// with their experts' matrices (activation rows t * k + j), kCombineGroup rows a
+// round in one warp: the bits of mmvq_experts and combine_experts.
+constexpr int kCombineGroup = 4;
+template <WType T, bool WIDE>
+__global__ void __launch_bounds__(kWarps * 32)
+    mmvq_experts_combine_kernel(const uint8_t* const* __restrict__ experts, DevWeight w, DevAct a,
+                                const int32_t* __restrict__ ids, const float* __restrict__ weights, int k,
+                                float* __restrict__ out, int64_t out_stride) {
+    after_prior_grids();
+    const int64_t t = blockIdx.y, row = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+    if (row >= w.rows) return;  // uniform per warp
+    float sum = 0.0f;
+    for (int j0 = 0; j0 < k; j0 += kCombineGroup) {
+        const int here = min(kCombineGroup, k - j0);
+        const uint8_t* rowp[kCombineGroup];
+        DevAct as[kCombineGroup];
+#pragma unroll
+        for (int i = 0; i < kCombineGroup; ++i) {
+            const int64_t p = t * k + j0 + min(i, here - 1);  // past the last: its row again, not used
+            rowp[i] = experts[ids[p]] + row * w.row_stride;
+            as[i] = act_row(a, p);
+        }
+        float acc[kCombineGroup][1];
+        row_dots<T, WIDE, 1, kCombineGroup>(rowp, w, as, acc);
+#pragma unroll
+        for (int i = 0; i < kCombineGroup; ++i) {
+            const int j = j0 + i;
+            if (i < here) sum = j == 0 ? __fmul_rn(weights[t * k], acc[i][0]) : __fmaf_rn(weights[t * k + j], acc[i][0], sum);
+        }
+    }
+    const float v[1] = {sum};
+    store_tokens<1>(v, row, out + t * out_stride, out_stride);
+}
+
+// Routed row p = blockIdx.y: silu(gate) * up of its expert's rows of both
+// sets against activation row p / per, a warp computing a gate row and its up
+// row together: the bits of mmvq_experts on each set, then swiglu.
+template <WType T, bool WIDE>
+__global__ void __launch_bounds__(kWarps * 32)
+    mmvq_experts_swiglu_kernel(const uint8_t* const* __restrict__ gate_exps, const uint8_t* const* __restrict__ up_exps,
+                               DevWeight w, DevAct a, const int32_t* __restrict__ ids, int per, float* __restrict__ y,
+                               int64_t y_stride) {
+    after_prior_grids();
+    const int64_t p = blockIdx.y, t = p / per, row = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+    if (row >= w.rows) return;  // uniform per warp
+    const int e = ids[p];
+    const DevAct at = act_row(a, t);
+    const uint8_t* const rowp[2] = {gate_exps[e] + row * w.row_stride, up_exps[e] + row * w.row_stride};
+    const DevAct as[2] = {at, at};
+    float acc[2][1];
+    row_dots<T, WIDE, 1, 2>(rowp, w, as, acc);
+    const float v[1] = {silu_times(acc[0][0], acc[1][0])};
+    store_tokens<1>(v, row, y + p * y_stride, y_stride);
 }
 
 template <WType T, bool WIDE>
@@ -208,6 +295,30 @@ void mmvq_experts(const uint8_t* const* experts, const DevWeight& w, const DevAc
     dispatch_int_type(w.type, w.block_stride, [&](auto tag) {
         using Tag = decltype(tag);
         launch(mmvq_experts_kernel<Tag::type, Tag::wide>, grid, kWarps * 32, 0, s, experts, w, a, ids, per, y, ys);
+    });
+}
+
+void mmvq_experts_swiglu(const uint8_t* const* gate_exps, const uint8_t* const* up_exps, const DevWeight& w,
+                         const DevAct& a, const int32_t* ids, int64_t n_pairs, int per, float* y, int64_t ys,
+                         cudaStream_t s) {
+    if (n_pairs < 1 || w.rows < 1) return;
+    const dim3 grid(unsigned((w.rows + kWarps - 1) / kWarps), unsigned(n_pairs));
+    dispatch_int_type(w.type, w.block_stride, [&](auto tag) {
+        using Tag = decltype(tag);
+        launch(mmvq_experts_swiglu_kernel<Tag::type, Tag::wide>, grid, kWarps * 32, 0, s, gate_exps, up_exps, w, a, ids,
+               per, y, ys);
+    });
+}
+
+void mmvq_experts_combine(const uint8_t* const* experts, const DevWeight& w, const DevAct& a, const int32_t* ids,
+                          const float* weights, int64_t n_tokens, int k, float* out, int64_t out_stride,
+                          cudaStream_t s) {
+    if (n_tokens < 1 || k < 1 || w.rows < 1) return;
+    const dim3 grid(unsigned((w.rows + kWarps - 1) / kWarps), unsigned(n_tokens));
+    dispatch_int_type(w.type, w.block_stride, [&](auto tag) {
+        using Tag = decltype(tag);
+        launch(mmvq_experts_combine_kernel<Tag::type, Tag::wide>, grid, kWarps * 32, 0, s, experts, w, a, ids, weights,
+               k, out, out_stride);
     });
 }
 

@@ -126,9 +126,7 @@ __global__ void rope_kernel(float* x, const int32_t* pos, RopeArgs args) {
 __global__ void swiglu_kernel(float* gate, const float* up, int64_t n) {
     after_prior_grids();
     for (int64_t i = first_index(); i < n; i += grid_stride()) {
-        const float g = gate[i];
-        // Full-precision expf (not __expf): the CPU's std::exp is within an ulp.
-        gate[i] = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), up[i]);
+        gate[i] = silu_times(gate[i], up[i]);
     }
 }
 

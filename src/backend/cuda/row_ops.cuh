@@ -1,12 +1,18 @@
 // Device steps that more than one kernel performs with the same arithmetic:
 // rms_norm's scale, rope's angles and rotation, the KV cache's cell of a
-// token. Kept in one place so that a fused kernel gives the bits of the
+// token, SwiGLU's product. Kept in one place so that a fused kernel gives the bits of the
 // kernels it stands for.
 #pragma once
 
 #include "backend/cuda/ops.h"
 
 namespace tern::cuda {
+
+// silu(g) * u = g / (1 + exp(-g)) * u. Full-precision expf (not __expf): the
+// CPU's std::exp is within an ulp.
+__device__ __forceinline__ float silu_times(float g, float u) {
+    return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+}
 
 // float(1 / sqrt(total / cols + eps)), every step correctly rounded, as the CPU.
 __device__ __forceinline__ float rms_inverse(double total, int64_t cols, float eps) {
