@@ -467,7 +467,7 @@ public:
             if (replaying_) continue;
             auto table = expert_table(experts);
             if (!table.ok()) return note(table.error());
-            const cuda::DevWeight& w = static_cast<DeviceWeight*>(experts[0].impl)->dev;
+            const cuda::DevWeight& w = dev(experts[0]);
             const int per = x.rows == n_pairs ? 1 : route_k_;
             if (cuda::int_type(w.type)) {
                 if (const int group = cuda::act_group(w.type); a.group != group) {
@@ -492,13 +492,12 @@ public:
     void matmul_experts_swiglu(Tensor x, const std::vector<Weight>& gate_exps, const std::vector<Weight>& up_exps,
                                Tensor gate, Tensor up) override {
         const int64_t n_pairs = route_tokens_ * route_k_;
-        const bool fused = route_tokens_ <= cuda::kMmvqMaxTokens && !gate_exps.empty() &&
-                           gate_exps.size() == up_exps.size() && [&] {
-                               const cuda::DevWeight& g = static_cast<DeviceWeight*>(gate_exps[0].impl)->dev;
-                               const cuda::DevWeight& u = static_cast<DeviceWeight*>(up_exps[0].impl)->dev;
-                               return cuda::int_type(g.type) && cuda::mmvq_parts_compatible(g, u) &&
-                                      g.rows == u.rows && g.row_stride == u.row_stride;
-                           }();
+        // One shape for both sets: the kernel reads them through one DevWeight.
+        const bool fused = route_tokens_ <= cuda::kMmvqMaxTokens && !gate_exps.empty() && !up_exps.empty() &&
+                           cuda::int_type(dev(gate_exps[0]).type) &&
+                           cuda::mmvq_parts_compatible(dev(gate_exps[0]), dev(up_exps[0])) &&
+                           dev(gate_exps[0]).rows == dev(up_exps[0]).rows &&
+                           dev(gate_exps[0]).row_stride == dev(up_exps[0]).row_stride;
         if (!fused) return Backend::matmul_experts_swiglu(x, gate_exps, up_exps, gate, up);
         if (!fits_routing("matmul_experts_swiglu", x.rows, gate_exps.size(), gate.rows) ||
             !fits_routing("matmul_experts_swiglu", x.rows, up_exps.size(), up.rows))
@@ -508,11 +507,9 @@ public:
         if (!gate_table.ok()) return note(gate_table.error());
         auto up_table = expert_table(up_exps);
         if (!up_table.ok()) return note(up_table.error());
-        const cuda::DevWeight& w = static_cast<DeviceWeight*>(gate_exps[0].impl)->dev;
-        cuda::DevAct a{act_qs_, act_d_, act_sum_, x.cols / 32, cuda::act_group(w.type)};
-        cuda::quantize_act(x.data, x.cols, x.rows, x.cols, a, stream_);
-        cuda::mmvq_experts_swiglu(*gate_table, *up_table, w, a, route_ids_, n_pairs, x.rows == n_pairs ? 1 : route_k_,
-                                  gate.data, gate.cols, stream_);
+        const cuda::DevWeight& w = dev(gate_exps[0]);
+        cuda::mmvq_experts_swiglu(*gate_table, *up_table, w, quantized_for(w, x), route_ids_, n_pairs,
+                                  x.rows == n_pairs ? 1 : route_k_, gate.data, gate.cols, stream_);
         launched("matmul_experts_swiglu");
     }
 
@@ -530,7 +527,7 @@ public:
     void matmul_experts_combine(const std::vector<Weight>& experts, Tensor x, Tensor y, Tensor out) override {
         const int64_t n_pairs = route_tokens_ * route_k_;
         const bool fused = route_tokens_ <= cuda::kMmvqMaxTokens && !experts.empty() && x.rows == n_pairs &&
-                           cuda::int_type(static_cast<DeviceWeight*>(experts[0].impl)->dev.type);
+                           cuda::int_type(dev(experts[0]).type);
         if (!fused) return Backend::matmul_experts_combine(experts, x, y, out);
         // The checks of the two calls it stands for, y's included (it is not written).
         if (!fits_routing("matmul_experts_combine", x.rows, experts.size(), y.rows)) return;
@@ -542,11 +539,9 @@ public:
         if (replaying_) return;
         auto table = expert_table(experts);
         if (!table.ok()) return note(table.error());
-        const cuda::DevWeight& w = static_cast<DeviceWeight*>(experts[0].impl)->dev;
-        cuda::DevAct a{act_qs_, act_d_, act_sum_, x.cols / 32, cuda::act_group(w.type)};
-        cuda::quantize_act(x.data, x.cols, x.rows, x.cols, a, stream_);
-        cuda::mmvq_experts_combine(*table, w, a, route_ids_, route_w_, route_tokens_, route_k_, out.data, out.cols,
-                                   stream_);
+        const cuda::DevWeight& w = dev(experts[0]);
+        cuda::mmvq_experts_combine(*table, w, quantized_for(w, x), route_ids_, route_w_, route_tokens_, route_k_,
+                                   out.data, out.cols, stream_);
         launched("matmul_experts_combine");
     }
 
@@ -796,6 +791,14 @@ private:
     }
 
     const float* vec(const Weight& w) const { return static_cast<const DeviceWeight*>(w.impl)->vec; }
+    static const cuda::DevWeight& dev(const Weight& w) { return static_cast<const DeviceWeight*>(w.impl)->dev; }
+
+    // x quantized as w's integer kernels read it, in the activation workspace.
+    cuda::DevAct quantized_for(const cuda::DevWeight& w, Tensor x) {
+        const cuda::DevAct a{act_qs_, act_d_, act_sum_, x.cols / 32, cuda::act_group(w.type)};
+        cuda::quantize_act(x.data, x.cols, x.rows, x.cols, a, stream_);
+        return a;
+    }
 
     cuda::KvLayer kv_layer(int layer) const {
         const KvCacheShape& s = kv_shape_;

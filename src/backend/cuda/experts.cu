@@ -9,6 +9,7 @@
 
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch.cuh"
+#include "backend/cuda/row_ops.cuh"
 
 namespace tern::cuda {
 namespace {
@@ -70,10 +71,15 @@ __global__ void route_kernel(const float* __restrict__ logits, int64_t n_tokens,
 // layer at 512 tokens: docs/perf/LOG.md g44.)
 constexpr int kGroupThreads = 1024, kGroupWarps = kGroupThreads / 32;
 
-// The sum of v over the CTA, in every thread (s: kGroupWarps ints).
-__device__ __forceinline__ int cta_sum(int v, int* s) {
+__device__ __forceinline__ int warp_sum(int v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kAll, v, o);
+    return v;
+}
+
+// The sum of v over the CTA, in every thread (s: kGroupWarps ints).
+__device__ __forceinline__ int cta_sum(int v, int* s) {
+    v = warp_sum(v);
     __syncthreads();  // s may hold an earlier sum still being read
     if ((threadIdx.x & 31) == 0) s[threadIdx.x / 32] = v;
     __syncthreads();
@@ -123,8 +129,7 @@ __global__ void __launch_bounds__(kGroupThreads) place_kernel(const int32_t* __r
     const int lo = min(n_pairs, seg * warp), hi = min(n_pairs, lo + seg);
     int n_mine = 0;
     for (int p = lo + lane; p < hi; p += 32) n_mine += ids[p] == e;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) n_mine += __shfl_xor_sync(kAll, n_mine, o);
+    n_mine = warp_sum(n_mine);
     if (lane == 0) s_seg[warp] = n_mine;
     __syncthreads();
     int at = rows_before;
@@ -144,8 +149,8 @@ __global__ void combine_kernel(const float* __restrict__ y, const float* __restr
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= n_tokens * cols) return;
     const int64_t t = i / cols, c = i % cols;
-    float acc = __fmul_rn(weights[t * k], y[(t * k) * cols + c]);
-    for (int j = 1; j < k; ++j) acc = __fmaf_rn(weights[t * k + j], y[(t * k + j) * cols + c], acc);
+    float acc = 0.0f;
+    for (int j = 0; j < k; ++j) acc = combine_step(j, weights[t * k + j], y[(t * k + j) * cols + c], acc);
     out[i] = acc;
 }
 

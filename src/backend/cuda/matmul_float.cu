@@ -12,6 +12,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+#include <utility>
+
 #include "backend/cuda/block_decode.cuh"
 #include "backend/cuda/cp_async.cuh"
 #include "backend/cuda/kernels.h"
@@ -38,6 +41,9 @@ __device__ __forceinline__ float weight_at(const uint8_t* row, int64_t k) {
     if (T == WType::F16) return __half2float(reinterpret_cast<const __half*>(row)[k]);
     return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(row)[k]);
 }
+
+// Bytes a stored weight of a float type takes.
+__host__ __device__ constexpr int weight_bytes(WType t) { return t == WType::F32 ? 4 : 2; }
 
 // Weights k .. k + 3 of a row, k a multiple of 4 (one 16- or 8-byte load).
 template <WType T>
@@ -98,7 +104,7 @@ __global__ void __launch_bounds__(kTileThreads) matmul_float_staged_kernel(DevWe
                                                                           int64_t n_tokens, float* __restrict__ y) {
     after_prior_grids();
     extern __shared__ __align__(16) uint8_t smem[];
-    constexpr int es = T == WType::F32 ? 4 : 2;
+    constexpr int es = weight_bytes(T);
     constexpr int wpitch = staged_wpitch(es), rows_per_thread = TR / 16;
     constexpr int stage_bytes = TR * wpitch + kTileTokens * kStagedXPitch;
     const int tid = threadIdx.x, tr = tid / 16, tt = tid % 16;
@@ -143,7 +149,8 @@ __global__ void __launch_bounds__(kTileThreads) matmul_float_staged_kernel(DevWe
             if (g >= groups) break;
             float4 wv[rows_per_thread], xv[4];
 #pragma unroll
-            for (int i = 0; i < rows_per_thread; ++i) wv[i] = weights4_at<T>(st + (tr * rows_per_thread + i) * wpitch, 4 * g);
+            for (int i = 0; i < rows_per_thread; ++i)
+                wv[i] = weights4_at<T>(st + (tr * rows_per_thread + i) * wpitch, 4 * g);
 #pragma unroll
             for (int j = 0; j < 4; ++j)
                 xv[j] = *reinterpret_cast<const float4*>(st + TR * wpitch + (tt + 16 * j) * kStagedXPitch + 16 * g);
@@ -229,7 +236,8 @@ constexpr int kRowsPerCta = 2, kRowsChunk = 512, kRowsStages = 4;
 constexpr int kRowsThreads = kRowsPerCta * int(kFewTokens) * kChains;
 static_assert(kRowsThreads % 32 == 0, "the chains are added by shuffles over whole warps");
 
-__host__ __device__ constexpr int rows_wpitch(int es) { return kRowsChunk * es + 16; }  // padded: rows start on distinct banks
+// Padded: the rows start on distinct banks.
+__host__ __device__ constexpr int rows_wpitch(int es) { return kRowsChunk * es + 16; }
 constexpr int kRowsXPitch = kRowsChunk * 4 + 16;
 size_t rows_kernel_smem(int es, int64_t n_tokens) {
     return size_t(kRowsStages) * size_t(kRowsPerCta * rows_wpitch(es) + n_tokens * kRowsXPitch);
@@ -240,7 +248,7 @@ __global__ void __launch_bounds__(kRowsThreads) matmul_float_rows_kernel(DevWeig
                                                                         int64_t n_tokens, float* __restrict__ y) {
     after_prior_grids();
     extern __shared__ __align__(16) uint8_t smem[];
-    constexpr int es = T == WType::F32 ? 4 : 2;  // bytes per weight
+    constexpr int es = weight_bytes(T);
     constexpr int wpitch = rows_wpitch(es);
     const int stage_bytes = kRowsPerCta * wpitch + int(n_tokens) * kRowsXPitch;
     const int tid = threadIdx.x, chain = tid % kChains, t = tid / kChains % int(kFewTokens),
@@ -260,7 +268,8 @@ __global__ void __launch_bounds__(kRowsThreads) matmul_float_rows_kernel(DevWeig
         }
         for (int u = tid; u < int(n_tokens) * x_pieces; u += kRowsThreads) {
             const int i = u / x_pieces, q = u % x_pieces;
-            if (q * 16 < len * 4) cp_async16(st + kRowsPerCta * wpitch + i * kRowsXPitch + q * 16, x + i * w.cols + k0 + q * 4);
+            if (q * 16 < len * 4)
+                cp_async16(st + kRowsPerCta * wpitch + i * kRowsXPitch + q * 16, x + i * w.cols + k0 + q * 4);
         }
     };
     for (int64_t c = 0; c < kRowsStages - 1; ++c) {
@@ -328,70 +337,56 @@ __global__ void pad_q6_K_kernel(const uint8_t* __restrict__ raw, uint8_t* __rest
     padded[i] = o < 210 ? raw[b * 210 + o] : 0;
 }
 
+// f(tag) with tag::value the float type t (nothing for other types).
+template <class F>
+void dispatch_float_type(WType t, F&& f) {
+    switch (t) {
+        case WType::F32: f(std::integral_constant<WType, WType::F32>{}); break;
+        case WType::F16: f(std::integral_constant<WType, WType::F16>{}); break;
+        case WType::BF16: f(std::integral_constant<WType, WType::BF16>{}); break;
+        default: break;
+    }
+}
+
+// A kernel of dynamic shared memory, allowed past the default 48 KiB where it asks for more.
+template <class Kernel, class... Args>
+void launch_with_smem(Kernel kernel, dim3 grid, int threads, size_t smem, cudaStream_t s, Args&&... args) {
+    if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    launch(kernel, grid, threads, smem, s, std::forward<Args>(args)...);
+}
+
 }  // namespace
 
 void matmul_float(const DevWeight& w, const float* x, int64_t n, float* y, cudaStream_t s) {
     if (n < 1 || w.rows < 1) return;
-    if (w.rows <= kFewRows && n <= kFewTokens && pieces_fit(w, x)) {
-        const unsigned blocks = unsigned((w.rows + kRowsPerCta - 1) / kRowsPerCta);
-        auto go = [&](auto kernel, int es) {
-            const size_t smem = rows_kernel_smem(es, n);
-            if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-            launch(kernel, blocks, kRowsThreads, smem, s, w, x, n, y);
-        };
-        switch (w.type) {
-            case WType::F32: go(matmul_float_rows_kernel<WType::F32>, 4); break;
-            case WType::F16: go(matmul_float_rows_kernel<WType::F16>, 2); break;
-            case WType::BF16: go(matmul_float_rows_kernel<WType::BF16>, 2); break;
-            default: break;
-        }
-        return;
-    }
-    if (pieces_fit(w, x)) {
-        const int64_t token_tiles = (n + kTileTokens - 1) / kTileTokens;
-        const bool wide = (w.rows + 63) / 64 * token_tiles >= 2 * current_sm_count();  // 64-row tiles fill the GPU
-        auto go = [&](auto kernel, int tile_rows, int es) {
-            const size_t smem = staged_smem(tile_rows, es);
-            if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    dispatch_float_type(w.type, [&](auto tag) {
+        constexpr WType T = decltype(tag)::value;
+        if (w.rows <= kFewRows && n <= kFewTokens && pieces_fit(w, x)) {
+            const dim3 grid(unsigned((w.rows + kRowsPerCta - 1) / kRowsPerCta));
+            launch_with_smem(matmul_float_rows_kernel<T>, grid, kRowsThreads, rows_kernel_smem(weight_bytes(T), n), s,
+                             w, x, n, y);
+        } else if (pieces_fit(w, x)) {
+            const int64_t token_tiles = (n + kTileTokens - 1) / kTileTokens;
+            // 64-row tiles where there are enough of them to fill the GPU, else 16.
+            const bool wide = (w.rows + 63) / 64 * token_tiles >= 2 * current_sm_count();
+            const int tile_rows = wide ? 64 : 16;
             const dim3 grid(unsigned((w.rows + tile_rows - 1) / tile_rows), unsigned(token_tiles));
-            launch(kernel, grid, kTileThreads, smem, s, w, x, n, y);
-        };
-        switch (w.type) {
-            case WType::F32: wide ? go(matmul_float_staged_kernel<WType::F32, 64>, 64, 4)
-                                  : go(matmul_float_staged_kernel<WType::F32, 16>, 16, 4); break;
-            case WType::F16: wide ? go(matmul_float_staged_kernel<WType::F16, 64>, 64, 2)
-                                  : go(matmul_float_staged_kernel<WType::F16, 16>, 16, 2); break;
-            case WType::BF16: wide ? go(matmul_float_staged_kernel<WType::BF16, 64>, 64, 2)
-                                   : go(matmul_float_staged_kernel<WType::BF16, 16>, 16, 2); break;
-            default: break;
+            launch_with_smem(wide ? matmul_float_staged_kernel<T, 64> : matmul_float_staged_kernel<T, 16>, grid,
+                             kTileThreads, staged_smem(tile_rows, weight_bytes(T)), s, w, x, n, y);
+        } else {
+            const dim3 grid(unsigned((w.rows + kTile - 1) / kTile), unsigned((n + kTile - 1) / kTile));
+            launch(matmul_float_kernel<T>, grid, 256, 0, s, w, x, n, y);
         }
-        return;
-    }
-    const dim3 grid(unsigned((w.rows + kTile - 1) / kTile), unsigned((n + kTile - 1) / kTile));
-    switch (w.type) {
-        case WType::F32: launch(matmul_float_kernel<WType::F32>, grid, 256, 0, s, w, x, n, y); break;
-        case WType::F16: launch(matmul_float_kernel<WType::F16>, grid, 256, 0, s, w, x, n, y); break;
-        case WType::BF16: launch(matmul_float_kernel<WType::BF16>, grid, 256, 0, s, w, x, n, y); break;
-        default: break;
-    }
+    });
 }
 
 void matmul_float_experts(const uint8_t* const* experts, const DevWeight& w, const float* x, const int32_t* ids,
                           int64_t n_pairs, int per, float* y, cudaStream_t s) {
     if (n_pairs < 1 || w.rows < 1) return;
     const dim3 grid(unsigned((w.rows + 127) / 128), unsigned(n_pairs < 65535 ? n_pairs : 65535));
-    switch (w.type) {
-        case WType::F32:
-            launch(float_experts_kernel<WType::F32>, grid, 128, 0, s, experts, w, x, ids, n_pairs, per, y);
-            break;
-        case WType::F16:
-            launch(float_experts_kernel<WType::F16>, grid, 128, 0, s, experts, w, x, ids, n_pairs, per, y);
-            break;
-        case WType::BF16:
-            launch(float_experts_kernel<WType::BF16>, grid, 128, 0, s, experts, w, x, ids, n_pairs, per, y);
-            break;
-        default: break;
-    }
+    dispatch_float_type(w.type, [&](auto tag) {
+        launch(float_experts_kernel<decltype(tag)::value>, grid, 128, 0, s, experts, w, x, ids, n_pairs, per, y);
+    });
 }
 
 void pad_q6_K(const uint8_t* raw, uint8_t* padded, int64_t n, cudaStream_t s) {

@@ -551,7 +551,8 @@ constexpr int stream_block_bytes(WType t) { return t == WType::Q4_K ? 144 : t ==
 template <WType T, bool WIDE, int NT>
 struct Stream {
     static constexpr int kTiles = NT / 8;
-    static constexpr int kGroups = (kTiles + kStreamTilesPerWarp - 1) / kStreamTilesPerWarp;  // consumer warps per 16 rows
+    // Consumer warps per 16 rows.
+    static constexpr int kGroups = (kTiles + kStreamTilesPerWarp - 1) / kStreamTilesPerWarp;
     static constexpr int kConsumers = 2 * kGroups;
     static constexpr int kThreads = 32 * (kConsumers + 1);  // and the producer
     static constexpr int kBlockBytes = stream_block_bytes(T);

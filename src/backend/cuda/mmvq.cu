@@ -241,8 +241,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         row_dots<T, WIDE, 1, kCombineGroup>(rowp, w, as, acc);
 #pragma unroll
         for (int i = 0; i < kCombineGroup; ++i) {
-            const int j = j0 + i;
-            if (i < here) sum = j == 0 ? __fmul_rn(weights[t * k], acc[i][0]) : __fmaf_rn(weights[t * k + j], acc[i][0], sum);
+            if (i < here) sum = combine_step(j0 + i, weights[t * k + j0 + i], acc[i][0], sum);
         }
     }
     const float v[1] = {sum};

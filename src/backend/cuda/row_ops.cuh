@@ -1,7 +1,7 @@
 // Device steps that more than one kernel performs with the same arithmetic:
 // rms_norm's scale, rope's angles and rotation, the KV cache's cell of a
-// token, SwiGLU's product. Kept in one place so that a fused kernel gives the bits of the
-// kernels it stands for.
+// token, SwiGLU's product, the experts' weighted combine. Kept in one place so
+// that a fused kernel gives the bits of the kernels it stands for.
 #pragma once
 
 #include "backend/cuda/ops.h"
@@ -12,6 +12,12 @@ namespace tern::cuda {
 // CPU's std::exp is within an ulp.
 __device__ __forceinline__ float silu_times(float g, float u) {
     return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+}
+
+// Term j of a token's combine of its experts' rows: w_0 y_0 rounded, then
+// fma(w_j, y_j, sum) in order.
+__device__ __forceinline__ float combine_step(int j, float w, float y, float sum) {
+    return j == 0 ? __fmul_rn(w, y) : __fmaf_rn(w, y, sum);
 }
 
 // float(1 / sqrt(total / cols + eps)), every step correctly rounded, as the CPU.
