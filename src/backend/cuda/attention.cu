@@ -387,6 +387,115 @@ __global__ void __launch_bounds__(kMaxWarps * kWarp, 2)
     }
 }
 
+// Decode (and split) kernel for wide heads (head dims 128 and 256 on the
+// CUDA cores), the same arithmetic with four warps per (token, head). One warp
+// per head walks its chunks one after another, each a chain of loads, two
+// reductions and the V rows; at short contexts (a segment or two) a decode
+// layer waited on that chain for a dozen microseconds. Here the chunk's dots,
+// which depend on nothing before them, are computed by the warps side by side,
+// a chunk each, into shared memory; then every warp folds the chunks in order
+// (the same max, weights and denominator, bit for bit, in every warp) and
+// accumulates its quarter of the dims. Each dim's chain of products is the one
+// the one-warp kernel forms, so every bit is the same.
+// Grid: x = token * n_heads + head, y = segment (split) or 1. Block: kWideWarps warps.
+constexpr int kWideWarps = 4;
+
+template <int D>
+__global__ void __launch_bounds__(kWideWarps * kWarp)
+    attention_decode_wide_kernel(KvLayer kv, const float* q, AttnShape sh, const int32_t* slot, const int32_t* pos,
+                                 float* out, Partials part) {
+    static_assert(D % kWideWarps == 0, "a warp takes a whole share of each lane's dims");
+    constexpr int DW = D / kWideWarps;  // dims a lane accumulates
+    __shared__ float dots[kWideWarps][kChunk];
+    after_prior_grids();
+    const int warp = int(threadIdx.x) / kWarp, lane = int(threadIdx.x) % kWarp;
+    const int64_t row = blockIdx.x;  // (token, head) row of q and out
+    const int64_t t = row / sh.n_heads;
+    const int kvh = int(row % sh.n_heads) / sh.group;
+    const int hd = sh.head_dim;
+    const int32_t s = slot[t], last = pos[t];
+    // Every return below is CTA-uniform and comes before the first barrier.
+    if (!in_cache(kv, s, last)) {
+        if (part.acc == nullptr)
+            for (int d = int(threadIdx.x); d < hd; d += int(blockDim.x)) out[row * hd + d] = NAN;
+        return;
+    }
+    const int first = context_first(last, sh.window);
+    int seg_begin = first / sh.seg_len * sh.seg_len, seg_stop = last + 1;  // the segments to walk
+    if (part.acc != nullptr) {
+        seg_begin = int(blockIdx.y) * sh.seg_len;
+        if (seg_begin > last || seg_begin + sh.seg_len <= first) return;  // the combine does not read it
+        seg_stop = min(last + 1, seg_begin + sh.seg_len);
+    }
+    const SlotRows k_rows = slot_rows(kv.k, kv, s, kvh);
+    const SlotRows v_rows = slot_rows(kv.v, kv, s, kvh);
+    float qr[D];
+    load_q<D>(q + row * hd, lane, qr);
+    const int d0 = warp * (kWarp * DW) + lane * DW;  // this lane's dims of V and acc
+    Softmax<DW> total;
+    for (int begin = seg_begin; begin < seg_stop; begin += sh.seg_len) {
+        const int end = min(seg_stop, begin + sh.seg_len);
+        Softmax<DW> st;
+        for (int p0 = begin; p0 < end; p0 += kWideWarps * kChunk) {
+            // Chunks wholly before the window are skipped, as attend_global skips them.
+            const int mine = p0 + warp * kChunk;
+            if (mine < end && mine + kChunk > first) {
+                const int lo = max(0, first - mine), n_valid = min(kChunk, end - mine);
+                const GlobalRows k_chunk{k_rows.chunk(mine), k_rows.stride};
+                float dot_part[kWarp];
+#pragma unroll
+                for (int j = 0; j < kWarp; ++j) {
+                    dot_part[j] = 0.0f;
+                    if (j >= lo && j < n_valid) {
+                        float kk[D];
+                        k_chunk.template load<D>(j, lane, kk);
+                        float dot = 0.0f;
+#pragma unroll
+                        for (int c = 0; c < D; ++c) dot = fmaf(qr[c], kk[c], dot);
+                        dot_part[j] = dot;
+                    }
+                }
+                dots[warp][lane] = transpose_sum(dot_part, lane);
+            }
+            __syncthreads();
+            for (int w = 0; w < kWideWarps; ++w) {
+                const int c0 = p0 + w * kChunk;
+                if (c0 >= end) break;
+                if (c0 + kChunk <= first) continue;
+                const int lo = max(0, first - c0), n_valid = min(kChunk, end - c0);
+                const float wgt = fold_scores<DW>(dots[w][lane], lo, n_valid, sh.scale, lane, st);
+                const uint16_t* v_chunk = v_rows.chunk(c0) + d0;
+#pragma unroll
+                for (int j = 0; j < kWarp; ++j) {
+                    if (j >= lo && j < n_valid) {
+                        const float wj = __shfl_sync(kFullMask, wgt, j);
+                        float vv[DW];
+                        load_halves<DW>(v_chunk + j * v_rows.stride, vv);
+#pragma unroll
+                        for (int c = 0; c < DW; ++c) st.acc[c] = fmaf(wj, vv[c], st.acc[c]);
+                    }
+                }
+            }
+            __syncthreads();  // before the next group's dots overwrite these
+        }
+        if (part.acc == nullptr) {
+            merge_segment<DW>(total, st);
+        } else {
+            const int64_t r = row * part.n_seg + blockIdx.y;
+#pragma unroll
+            for (int c = 0; c < DW; ++c) part.acc[r * hd + d0 + c] = st.acc[c];
+            if (threadIdx.x == 0) {
+                part.m[r] = st.m;
+                part.l[r] = st.l;
+            }
+            return;
+        }
+    }
+    const float inv = total.l > 0.0f ? __fdiv_rn(1.0f, total.l) : 0.0f;
+#pragma unroll
+    for (int c = 0; c < DW; ++c) out[row * hd + d0 + c] = total.acc[c] * inv;
+}
+
 // Copies rows p0..p0+n-1 (a chunk) of one slot's K or V (f16, global) to
 // tile as f32, 16 bytes per load, all threads of the CTA taking part.
 __device__ void stage_rows(const SlotRows& rows, int p0, int n, int hd, float* tile) {
@@ -696,6 +805,16 @@ void combine(const KvLayer& kv, int64_t n_tokens, int n_heads, const int32_t* sl
            kv.head_dim, slot, pos, part, seg_len, window, out);
 }
 
+// TERN_ATTN_WIDE=0 keeps wide heads' decode on the one-warp-per-head kernel,
+// for A/B measurements (the bits are the same either way).
+bool wide_decode_on() {
+    static const bool on = [] {
+        const char* e = std::getenv("TERN_ATTN_WIDE");
+        return !(e && std::string_view(e) == "0");
+    }();
+    return on;
+}
+
 // CUDA-core kernels: split segments, a CTA per token (decode batches: their
 // tokens belong to different sequences), or tiles of consecutive tokens that
 // share staged K/V (prefill).
@@ -704,6 +823,16 @@ void launch_cuda_cores(const KvLayer& kv, const float* q, int64_t n_tokens, cons
             const int32_t* pos, float* out, float* workspace, bool split, AttnBatch kind, cudaStream_t stream) {
     const unsigned threads = unsigned(sh.warps * kWarp);
     const unsigned token_ctas = unsigned(n_tokens * kv.n_kv_heads * sh.chunks);
+    if constexpr (D % kWideWarps == 0) {
+        if ((split || n_tokens == 1 || kind == AttnBatch::Decode) && wide_decode_on()) {
+            const Partials part = split ? split_partials(workspace, n_tokens, sh.n_heads, kv) : Partials{};
+            const dim3 grid(unsigned(n_tokens * sh.n_heads), split ? unsigned(part.n_seg) : 1);
+            launch(attention_decode_wide_kernel<D>, grid, kWideWarps * kWarp, 0, stream, kv, q, sh, slot, pos, out,
+                   part);
+            if (split) combine(kv, n_tokens, sh.n_heads, slot, pos, part, sh.seg_len, sh.window, out, stream);
+            return;
+        }
+    }
     if (split) {
         const Partials part = split_partials(workspace, n_tokens, sh.n_heads, kv);
         launch(attention_decode_kernel<D>, dim3(token_ctas, unsigned(part.n_seg)), threads, 0, stream, kv, q, sh,
