@@ -124,6 +124,14 @@ public:
     virtual void embed(const Weight& table, const std::vector<int32_t>& tokens, Tensor out) = 0;
     // out[t] = x[t] / rms(x[t]) * w   (w may be empty: no scale)
     virtual void rms_norm(Tensor x, const Weight& w, float eps, Tensor out) = 0;
+    // x[t] += y[t] / rms(y[t]) * w: a block's output normalised and added to
+    // the residual stream (Gemma 3's post-norms). The bits of rms_norm of y
+    // then add, which is what this default does, leaving y normalised; a
+    // backend may do it in one pass and leave y as it was. x and y are distinct.
+    virtual void add_rms_norm(Tensor x, Tensor y, const Weight& w, float eps) {
+        rms_norm(y, w, eps, y);
+        add(x, y);
+    }
     // y = x W^T (+ bias if given). x.cols == W.cols, y.cols == W.rows.
     virtual void matmul(const Weight& w, Tensor x, Tensor y, const Weight* bias = nullptr) = 0;
     // Several matrices on one input (q/k/v, gate/up): each target's y = x W^T

@@ -22,12 +22,10 @@ void gemma3_layer(const LayerPass& p, const Layer& L, int il) {
     const bool local = p.hp.slides(il);
     p.be.rms_norm(p.x, L.attn_norm, eps, p.h);
     attention_block(p, L, il, p.h, local ? p.hp.rope_swa : p.rope, local ? p.hp.swa_window : 0, p.h);
-    p.be.rms_norm(p.h, L.post_attn_norm, eps, p.h);
-    p.be.add(p.x, p.h);
+    p.be.add_rms_norm(p.x, p.h, L.post_attn_norm, eps);
     p.be.rms_norm(p.x, L.ffn_norm, eps, p.h);
     gated_ffn(p, L, p.h, GateActivation::Gelu, p.h);
-    p.be.rms_norm(p.h, L.post_ffn_norm, eps, p.h);
-    p.be.add(p.x, p.h);
+    p.be.add_rms_norm(p.x, p.h, L.post_ffn_norm, eps);
 }
 
 // Which layers slide: attention.sliding_window_pattern is a period n (layer

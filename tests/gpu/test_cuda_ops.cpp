@@ -1,7 +1,8 @@
 // The element-wise, normalisation, rotary, KV-store and attention kernels of
 // backend/cuda/ops.h against their CPU twins (backend/cpu/ops.h and the CPU
 // backend's plain loops), on fresh random inputs each run and ragged shapes;
-// prepare_attention against those GPU kernels run one after another.
+// add_rms_norm and prepare_attention against the GPU kernels they join, run
+// one after another.
 // Device outputs are poisoned with NaN first, so an element a kernel forgets
 // to write fails its comparison.
 #include <gtest/gtest.h>
@@ -66,7 +67,7 @@ TEST_F(CudaOps, RmsNormMatchesCpu) {
     size_t total = 0, not_identical = 0;
     double worst = 0.0;
     for (int64_t rows : {1, 3, 17, 64}) {
-        for (int64_t cols : {64, 576, 4096}) {
+        for (int64_t cols : {64, 576, 4096, 5000}) {  // 5000: past the rows kept in registers
             for (int variant = 0; variant < 3; ++variant) {  // 0: no weight, 1: weight, 2: weight, in place
                 SCOPED_TRACE(shape(rows, cols) + " variant " + std::to_string(variant));
                 std::vector<float> x = normal(size_t(rows * cols), 0.0f, 1.0f);
@@ -103,6 +104,37 @@ TEST_F(CudaOps, RmsNormMatchesCpu) {
     // Same operations in the same order: a difference needs the double sums to
     // round to different floats, which is rare.
     EXPECT_LE(not_identical, total / 100);
+}
+
+TEST_F(CudaOps, AddRmsNormGivesTheBitsOfRmsNormThenAdd) {
+    SCOPED_TRACE(seed_text());
+    for (int64_t rows : {1, 3, 17, 64}) {
+        for (int64_t cols : {64, 640, 2560, 4096, 5000}) {  // 5000: past the rows kept in registers
+            for (bool with_w : {false, true}) {
+                SCOPED_TRACE(shape(rows, cols) + (with_w ? " with weight" : " without weight"));
+                const std::vector<float> x = normal(size_t(rows * cols), 0.0f, 2.0f);
+                std::vector<float> y = normal(size_t(rows * cols), 0.0f, 1.0f);
+                for (int64_t r = 0; r < rows; ++r) {  // rows of very different magnitudes
+                    const float scale = std::pow(10.0f, uniform(-3.0f, 3.0f));
+                    for (int64_t i = 0; i < cols; ++i) y[size_t(r * cols + i)] *= scale;
+                }
+                const std::vector<float> w = normal(size_t(cols), 1.0f, 0.5f);
+                const float eps = 1e-6f;
+
+                DeviceBuffer<float> want_x(x), want_y(y), dw(w);
+                cuda::rms_norm(want_y.get(), with_w ? dw.get() : nullptr, eps, want_y.get(), rows, cols, nullptr);
+                cuda::add(want_x.get(), want_y.get(), rows * cols, nullptr);
+
+                DeviceBuffer<float> got_x(x), dy(y);
+                cuda::add_rms_norm(got_x.get(), dy.get(), with_w ? dw.get() : nullptr, eps, rows, cols, nullptr);
+                ASSERT_NO_FATAL_FAILURE(sync_ok());
+                const std::vector<float> want = want_x.download(), got = got_x.download();
+                for (size_t i = 0; i < want.size(); ++i)
+                    ASSERT_EQ(fp32_to_bits(got[i]), fp32_to_bits(want[i]))
+                        << "element " << i << ": joined " << got[i] << ", apart " << want[i];
+            }
+        }
+    }
 }
 
 // --- rope ------------------------------------------------------------------------

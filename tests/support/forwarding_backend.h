@@ -33,6 +33,9 @@ public:
     void rms_norm(backend::Tensor x, const backend::Weight& w, float eps, backend::Tensor out) override {
         be_->rms_norm(x, w, eps, out);
     }
+    void add_rms_norm(backend::Tensor x, backend::Tensor y, const backend::Weight& w, float eps) override {
+        be_->add_rms_norm(x, y, w, eps);
+    }
     void matmul(const backend::Weight& w, backend::Tensor x, backend::Tensor y, const backend::Weight* bias) override {
         be_->matmul(w, x, y, bias);
     }

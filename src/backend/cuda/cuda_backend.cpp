@@ -84,6 +84,7 @@ public:
         if (const char* m = std::getenv("TERN_MMQ_BATCH_MIN")) be->mmq_batch_min_ = std::atoi(m);
         if (const char* m = std::getenv("TERN_MMQ_BATCH_ROWS")) be->mmq_batch_rows_ = std::atoll(m);
         if (const char* f = std::getenv("TERN_CUDA_PREPARE_ATTENTION")) be->fused_attention_inputs_ = std::string(f) != "0";
+        if (const char* f = std::getenv("TERN_CUDA_ADD_NORM")) be->joined_add_norm_ = std::string(f) != "0";
         if (const char* m = std::getenv("TERN_MMVQ_PARTS"))
             be->mmvq_max_parts_ = std::clamp(std::atoi(m), 1, cuda::kMmvqMaxParts);
         return std::unique_ptr<Backend>(std::move(be));
@@ -282,6 +283,13 @@ public:
         if (replaying_) return;
         cuda::rms_norm(x.data, w ? vec(w) : nullptr, eps, out.data, x.rows, x.cols, stream_);
         launched("rms_norm");
+    }
+
+    void add_rms_norm(Tensor x, Tensor y, const Weight& w, float eps) override {
+        if (!joined_add_norm_) return Backend::add_rms_norm(x, y, w, eps);
+        if (replaying_) return;
+        cuda::add_rms_norm(x.data, y.data, w ? vec(w) : nullptr, eps, x.rows, x.cols, stream_);
+        launched("add_rms_norm");
     }
 
     void matmul(const Weight& w, Tensor x, Tensor y, const Weight* bias) override {
@@ -886,6 +894,8 @@ private:
     int64_t mmq_batch_rows_ = 8192;
     // q/k norms, rope and kv_store in one launch (TERN_CUDA_PREPARE_ATTENTION=0: apart, for A/B runs).
     bool fused_attention_inputs_ = true;
+    // add_rms_norm in one launch (TERN_CUDA_ADD_NORM=0: rms_norm then add, for A/B runs).
+    bool joined_add_norm_ = true;
     // Matrices one mmvq launch may take (TERN_MMVQ_PARTS=1: one each, for A/B runs).
     int mmvq_max_parts_ = cuda::kMmvqMaxParts;
     std::deque<DeviceWeight> weights_;

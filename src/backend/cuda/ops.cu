@@ -5,6 +5,9 @@
 // approximate them, which keeps most results bit-identical to the CPU's.
 #include <cuda_fp16.h>
 
+#include <cstdlib>
+#include <string>
+
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/row_ops.cuh"
@@ -42,7 +45,21 @@ __device__ __forceinline__ void load_batch(const float* p, int64_t base, int64_t
     }
 }
 
-__global__ void rms_norm_kernel(const float* x, const float* w, float eps, float* out, int64_t cols) {
+// out = x / rms(x) * w, or with Add, out += that (a block's normalised output
+// added to the residual stream: Gemma's post-norms), the bits of rms_norm then
+// add. A row of up to one batch a thread (kBatch * kThreads elements: every
+// decode row of the shapes we serve) is loaded once and kept in registers
+// through the sum, and its weights, never written during a step, are loaded
+// before the wait, while the kernel before still runs. Longer rows, and every
+// row where held is 0 (TERN_CUDA_NORM_HELD=0, for A/B), read x again after
+// the sum.
+constexpr int64_t kRowBatch = int64_t(kBatch) * kThreads;
+
+template <bool Add>
+__global__ void rms_norm_kernel(const float* x, const float* w, float eps, float* out, int64_t cols, int64_t held) {
+    const bool one_batch = cols <= held;
+    float g[kBatch];
+    if (w && one_batch) load_batch(w, threadIdx.x, kThreads, cols, 1.0f, g);
     after_prior_grids();
     __shared__ double partial[kThreads / 32];
     const int64_t row = blockIdx.x;
@@ -53,10 +70,11 @@ __global__ void rms_norm_kernel(const float* x, const float* w, float eps, float
     // rounds exactly as a multiply then an add would. Elements past the row
     // add +0.0, which leaves the sum unchanged: the order is the thread's
     // elements in turn, as it always was.
+    float v[kBatch], r[kBatch];
     double ss = 0.0;
-    for (int64_t base = threadIdx.x; base < cols; base += int64_t(kBatch) * kThreads) {
-        float v[kBatch];
+    for (int64_t base = threadIdx.x; base < cols; base += kRowBatch) {
         load_batch(xr, base, kThreads, cols, 0.0f, v);
+        if (Add && one_batch) load_batch(o, base, kThreads, cols, 0.0f, r);
 #pragma unroll
         for (int k = 0; k < kBatch; ++k) ss += double(v[k]) * double(v[k]);
     }
@@ -69,17 +87,19 @@ __global__ void rms_norm_kernel(const float* x, const float* w, float eps, float
     for (int i = 1; i < kThreads / 32; ++i) total += partial[i];
     const float inv = rms_inverse(total, cols, eps);
 
-    // Every element is read before the barrier above and rewritten by the same
-    // thread below, so out may alias x.
-    for (int64_t base = threadIdx.x; base < cols; base += int64_t(kBatch) * kThreads) {
-        float v[kBatch], g[kBatch];
-        load_batch(xr, base, kThreads, cols, 0.0f, v);
-        if (w) load_batch(w, base, kThreads, cols, 1.0f, g);  // read only with a weight
+    // Every element is read before the barrier above (one batch) or by the
+    // thread that rewrites it below, so out may alias x.
+    for (int64_t base = threadIdx.x; base < cols; base += kRowBatch) {
+        if (!one_batch) {
+            load_batch(xr, base, kThreads, cols, 0.0f, v);
+            if (w) load_batch(w, base, kThreads, cols, 1.0f, g);
+            if (Add) load_batch(o, base, kThreads, cols, 0.0f, r);
+        }
 #pragma unroll
         for (int k = 0; k < kBatch; ++k) {
             const int64_t i = base + int64_t(k) * kThreads;
-            const float n = __fmul_rn(v[k], inv);
-            if (i < cols) o[i] = w ? __fmul_rn(n, g[k]) : n;
+            const float n = w ? __fmul_rn(__fmul_rn(v[k], inv), g[k]) : __fmul_rn(v[k], inv);
+            if (i < cols) o[i] = Add ? __fadd_rn(r[k], n) : n;
         }
     }
 }
@@ -181,12 +201,28 @@ __global__ void kv_store_kernel(KvLayer kv, const float* k, const float* v, int6
     }
 }
 
+// The longest row rms_norm keeps in registers: one batch a thread, or none
+// under TERN_CUDA_NORM_HELD=0.
+int64_t held_row_max() {
+    static const int64_t held = [] {
+        const char* e = std::getenv("TERN_CUDA_NORM_HELD");
+        return e && std::string(e) == "0" ? int64_t(0) : kRowBatch;
+    }();
+    return held;
+}
+
 }  // namespace
 
 void rms_norm(const float* x, const float* w, float eps, float* out, int64_t rows, int64_t cols,
               cudaStream_t stream) {
     if (rows <= 0 || cols <= 0) return;
-    launch(rms_norm_kernel, unsigned(rows), kThreads, 0, stream, x, w, eps, out, cols);
+    launch(rms_norm_kernel<false>, unsigned(rows), kThreads, 0, stream, x, w, eps, out, cols, held_row_max());
+}
+
+void add_rms_norm(float* x, const float* y, const float* w, float eps, int64_t rows, int64_t cols,
+                  cudaStream_t stream) {
+    if (rows <= 0 || cols <= 0) return;
+    launch(rms_norm_kernel<true>, unsigned(rows), kThreads, 0, stream, y, w, eps, x, cols, kRowBatch);
 }
 
 void rope(float* x, int64_t rows, const int32_t* pos, const RopeArgs& args, cudaStream_t stream) {

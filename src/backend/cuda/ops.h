@@ -15,6 +15,10 @@ namespace tern::cuda {
 // out may equal x.
 void rms_norm(const float* x, const float* w, float eps, float* out, int64_t rows, int64_t cols,
               cudaStream_t stream);
+// x[r] += y[r] / rms(y[r]) * w: the bits of rms_norm of y then add, in one
+// launch (w may be null). x and y are distinct.
+void add_rms_norm(float* x, const float* y, const float* w, float eps, int64_t rows, int64_t cols,
+                  cudaStream_t stream);
 
 // Rotates the first n_dims dims of each head of x (rows x n_heads*head_dim) by the
 // position of each row: pos is a device array of `rows` positions. Angles in double,
