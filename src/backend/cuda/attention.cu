@@ -241,13 +241,11 @@ __device__ float fold_scores(float dot, int lo, int n_valid, float scale, int la
     return w;
 }
 
-// First half of a chunk whose rows lo..n_valid-1 (0 <= lo < n_valid <= 32,
-// warp-uniform) are positions of the context: scores them, folds them into m
-// and l and rescales acc. Returns this lane's unnormalised probability (0
-// outside them).
+// Lane j's share of the dots of q with a chunk's rows lo..n_valid-1 (0 <= lo
+// < n_valid <= 32, warp-uniform), summed over the lanes: row j's score
+// before scaling, on lane j (0 outside those rows).
 template <int D, class Rows>
-__device__ float score_chunk(const float (&q)[D], const Rows& k_rows, int lo, int n_valid, float scale, int lane,
-                             Softmax<D>& st) {
+__device__ float chunk_dots(const float (&q)[D], const Rows& k_rows, int lo, int n_valid, int lane) {
     float part[kWarp];
 #pragma unroll
     for (int j = 0; j < kWarp; ++j) {
@@ -261,7 +259,16 @@ __device__ float score_chunk(const float (&q)[D], const Rows& k_rows, int lo, in
             part[j] = dot;
         }
     }
-    return fold_scores<D>(transpose_sum(part, lane), lo, n_valid, scale, lane, st);
+    return transpose_sum(part, lane);
+}
+
+// First half of a chunk whose rows lo..n_valid-1 are positions of the
+// context: scores them, folds them into m and l and rescales acc. Returns
+// this lane's unnormalised probability (0 outside them).
+template <int D, class Rows>
+__device__ float score_chunk(const float (&q)[D], const Rows& k_rows, int lo, int n_valid, float scale, int lane,
+                             Softmax<D>& st) {
+    return fold_scores<D>(chunk_dots<D>(q, k_rows, lo, n_valid, lane), lo, n_valid, scale, lane, st);
 }
 
 // Second half: acc += w_j * V row j for j = lo..n_valid-1 in order.
@@ -442,20 +449,7 @@ __global__ void __launch_bounds__(kWideWarps * kWarp)
             if (mine < end && mine + kChunk > first) {
                 const int lo = max(0, first - mine), n_valid = min(kChunk, end - mine);
                 const GlobalRows k_chunk{k_rows.chunk(mine), k_rows.stride};
-                float dot_part[kWarp];
-#pragma unroll
-                for (int j = 0; j < kWarp; ++j) {
-                    dot_part[j] = 0.0f;
-                    if (j >= lo && j < n_valid) {
-                        float kk[D];
-                        k_chunk.template load<D>(j, lane, kk);
-                        float dot = 0.0f;
-#pragma unroll
-                        for (int c = 0; c < D; ++c) dot = fmaf(qr[c], kk[c], dot);
-                        dot_part[j] = dot;
-                    }
-                }
-                dots[warp][lane] = transpose_sum(dot_part, lane);
+                dots[warp][lane] = chunk_dots<D>(qr, k_chunk, lo, n_valid, lane);
             }
             __syncthreads();
             for (int w = 0; w < kWideWarps; ++w) {
