@@ -405,16 +405,19 @@ __global__ void __launch_bounds__(kMaxWarps * kWarp, 2)
 // accumulates its quarter of the dims. Each dim's chain of products is the one
 // the one-warp kernel forms, so every bit is the same.
 // Grid: x = token * n_heads + head, y = segment (split) or 1. Block: kWideWarps warps.
+// Early: the token's slot and position and the page of the warp's first
+// chunk are read before the wait (launch.cuh), so that the chain after it
+// starts at the cache rows.
 constexpr int kWideWarps = 4;
 
-template <int D>
+template <int D, bool Early>
 __global__ void __launch_bounds__(kWideWarps * kWarp)
     attention_decode_wide_kernel(KvLayer kv, const float* q, AttnShape sh, const int32_t* slot, const int32_t* pos,
                                  float* out, Partials part) {
     static_assert(D % kWideWarps == 0, "a warp takes a whole share of each lane's dims");
     constexpr int DW = D / kWideWarps;  // dims a lane accumulates
     __shared__ float dots[kWideWarps][kChunk];
-    after_prior_grids();
+    if constexpr (!Early) after_prior_grids();
     const int warp = int(threadIdx.x) / kWarp, lane = int(threadIdx.x) % kWarp;
     const int64_t row = blockIdx.x;  // (token, head) row of q and out
     const int64_t t = row / sh.n_heads;
@@ -423,6 +426,7 @@ __global__ void __launch_bounds__(kWideWarps * kWarp)
     const int32_t s = slot[t], last = pos[t];
     // Every return below is CTA-uniform and comes before the first barrier.
     if (!in_cache(kv, s, last)) {
+        if constexpr (Early) after_prior_grids();  // before writing out
         if (part.acc == nullptr)
             for (int d = int(threadIdx.x); d < hd; d += int(blockDim.x)) out[row * hd + d] = NAN;
         return;
@@ -436,6 +440,12 @@ __global__ void __launch_bounds__(kWideWarps * kWarp)
     }
     const SlotRows k_rows = slot_rows(kv.k, kv, s, kvh);
     const SlotRows v_rows = slot_rows(kv.v, kv, s, kvh);
+    if constexpr (Early) {
+        // Into L1 for the loop's first read of it (K and V share the table).
+        const int mine = max(seg_begin + warp * kChunk, first / kChunk * kChunk);
+        if (mine < seg_stop) asm volatile("prefetch.global.L1 [%0];" ::"l"(k_rows.pages + mine / k_rows.page_size));
+        after_prior_grids();
+    }
     float qr[D];
     load_q<D>(q + row * hd, lane, qr);
     const int d0 = warp * (kWarp * DW) + lane * DW;  // this lane's dims of V and acc
@@ -821,8 +831,12 @@ void launch_cuda_cores(const KvLayer& kv, const float* q, int64_t n_tokens, cons
         if ((split || n_tokens == 1 || kind == AttnBatch::Decode) && wide_decode_on()) {
             const Partials part = split ? split_partials(workspace, n_tokens, sh.n_heads, kv) : Partials{};
             const dim3 grid(unsigned(n_tokens * sh.n_heads), split ? unsigned(part.n_seg) : 1);
-            launch(attention_decode_wide_kernel<D>, grid, kWideWarps * kWarp, 0, stream, kv, q, sh, slot, pos, out,
-                   part);
+            if (early_reads_on())
+                launch(attention_decode_wide_kernel<D, true>, grid, kWideWarps * kWarp, 0, stream, kv, q, sh, slot,
+                       pos, out, part);
+            else
+                launch(attention_decode_wide_kernel<D, false>, grid, kWideWarps * kWarp, 0, stream, kv, q, sh, slot,
+                       pos, out, part);
             if (split) combine(kv, n_tokens, sh.n_heads, slot, pos, part, sh.seg_len, sh.window, out, stream);
             return;
         }

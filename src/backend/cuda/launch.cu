@@ -44,4 +44,12 @@ bool pdl_enabled() {
     return allowed && sm90_code_runs_here();
 }
 
+bool early_reads_on() {
+    static const bool on = [] {
+        const char* v = std::getenv("TERN_CUDA_EARLY_READS");
+        return !(v && std::strcmp(v, "0") == 0);
+    }();
+    return on;
+}
+
 }  // namespace tern::cuda

@@ -13,6 +13,12 @@
 // first). `allow_dependent_launch()` lets the next grid be placed; called
 // right after the wait, it keeps the lookahead to one kernel.
 //
+// What no kernel writes during a step may be read before the wait, while the
+// kernel before still runs: weights, and the batch's positions, slots and KV
+// page tables, which the host copies before the step's first kernel (every
+// grid of the step is placed after that copy has completed). Kernels that
+// do so take it out of their chain of dependent loads (LOG g50, g52).
+//
 // The tensor-core matmuls (mmq, mmq_batch) wait but never allow an early
 // launch: their grids often fill only part of the GPU, and the next grid,
 // placed early, would crowd its CTAs onto the few idle SMs and run unevenly
@@ -46,6 +52,10 @@ __device__ __forceinline__ void after_prior_grids() {
     wait_for_prior_grids();
     allow_dependent_launch();
 }
+
+// Whether kernels that can read the step's host-copied arrays before the wait
+// do (above); TERN_CUDA_EARLY_READS=0 turns it off for A/B runs.
+bool early_reads_on();
 
 // The current device's streaming multiprocessors (0 where it cannot be asked).
 int current_sm_count();

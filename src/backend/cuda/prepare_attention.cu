@@ -27,11 +27,14 @@ constexpr int kMaxPerLane = kMaxHeadDim / 32;
 
 // CTA (t, y): token t, heads y * kWarps ... of the n_heads query heads
 // followed by the n_kv_heads key heads; a key head's warp stores its value
-// head too.
+// head too. Early: the norm weights, the token's cache row and rope's angles
+// (from the host-copied positions and page tables) before the wait, where
+// they overlap the kernel before (launch.cuh); else all after it.
+template <bool Early>
 __global__ void __launch_bounds__(kWarps * 32)
     prepare_attention_kernel(KvLayer kv, float* __restrict__ q, float* __restrict__ k, const float* __restrict__ v,
                              int n_heads, HeadNorms norms, RopeArgs rope, const int32_t* slot, const int32_t* pos) {
-    after_prior_grids();
+    if constexpr (!Early) after_prior_grids();
     __shared__ float trig[kMaxHeadDim];  // rope_trig: half <= head_dim / 2
     __shared__ float staged[kWarps][kMaxHeadDim];
     const int64_t t = blockIdx.x;
@@ -43,19 +46,24 @@ __global__ void __launch_bounds__(kWarps * 32)
     float* x = is_q ? q + (t * n_heads + h) * hd : k + (t * n_kv + h) * hd;
     const float* g = is_q ? norms.q : norms.k;
 
-    // The head's loads go out before the angles are computed, so that one
-    // memory latency covers both.
-    const float* vh = v + (t * n_kv + h) * hd;
     float e[kMaxPerLane], w[kMaxPerLane], ve[kMaxPerLane];
+#pragma unroll
+    for (int j = 0; j < kMaxPerLane; ++j) w[j] = active && j < per_lane && g ? g[32 * j + lane] : 1.0f;
+    const int64_t row = active && !is_q ? kv_row(kv, slot[t], pos[t]) : -1;
+    if constexpr (Early) {
+        rope_trig(rope, pos[t], trig);
+        after_prior_grids();
+    }
+    // The head's loads go out before the angles are computed (or the barrier),
+    // so that one memory latency covers both.
+    const float* vh = v + (t * n_kv + h) * hd;
 #pragma unroll
     for (int j = 0; j < kMaxPerLane; ++j) {
         const bool in = active && j < per_lane;
         e[j] = in ? x[32 * j + lane] : 0.0f;
-        w[j] = in && g ? g[32 * j + lane] : 1.0f;
         ve[j] = in && !is_q ? vh[32 * j + lane] : 0.0f;
     }
-    const int64_t row = active && !is_q ? kv_row(kv, slot[t], pos[t]) : -1;
-    rope_trig(rope, pos[t], trig);
+    if constexpr (!Early) rope_trig(rope, pos[t], trig);
     __syncthreads();
     if (!active) return;
 
@@ -117,7 +125,12 @@ void prepare_attention(const KvLayer& kv, float* q, float* k, const float* v, in
     const int heads = n_heads + kv.n_kv_heads;
     if (n_tokens <= 0 || heads <= 0 || !prepare_attention_supported(kv.head_dim, rope)) return;
     const dim3 grid(unsigned(n_tokens), unsigned((heads + kWarps - 1) / kWarps));
-    launch(prepare_attention_kernel, grid, kWarps * 32, 0, stream, kv, q, k, v, n_heads, norms, rope, slot, pos);
+    if (early_reads_on())
+        launch(prepare_attention_kernel<true>, grid, kWarps * 32, 0, stream, kv, q, k, v, n_heads, norms, rope, slot,
+               pos);
+    else
+        launch(prepare_attention_kernel<false>, grid, kWarps * 32, 0, stream, kv, q, k, v, n_heads, norms, rope, slot,
+               pos);
 }
 
 }  // namespace tern::cuda
