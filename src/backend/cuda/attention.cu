@@ -405,9 +405,12 @@ __global__ void __launch_bounds__(kMaxWarps * kWarp, 2)
 // accumulates its quarter of the dims. Each dim's chain of products is the one
 // the one-warp kernel forms, so every bit is the same.
 // Grid: x = token * n_heads + head, y = segment (split) or 1. Block: kWideWarps warps.
-// Early: the token's slot and position and the page of the warp's first
-// chunk are read before the wait (launch.cuh), so that the chain after it
-// starts at the cache rows.
+// Early: the token's slot and position are read before the wait (launch.cuh),
+// and one page-table entry near the warp's first chunk is prefetched into L1,
+// so that the chain after the wait starts at the cache rows. A split CTA
+// whose segment lies outside the context returns without waiting; that is
+// sound because the CTA holding the token's last position always waits, so
+// no grid of this kernel completes before the grids it follows.
 constexpr int kWideWarps = 4;
 
 template <int D, bool Early>

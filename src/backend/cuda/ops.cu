@@ -47,12 +47,13 @@ __device__ __forceinline__ void load_batch(const float* p, int64_t base, int64_t
 
 // out = x / rms(x) * w, or with Add, out += that (a block's normalised output
 // added to the residual stream: Gemma's post-norms), the bits of rms_norm then
-// add. A row of up to one batch a thread (kBatch * kThreads elements: every
-// decode row of the shapes we serve) is loaded once and kept in registers
-// through the sum, and its weights, never written during a step, are loaded
-// before the wait, while the kernel before still runs. Longer rows, and every
-// row where held is 0 (TERN_CUDA_NORM_HELD=0, for A/B), read x again after
-// the sum.
+// add. A row of up to one batch a thread (kBatch * kThreads = 4,096 elements:
+// the hidden size of the 7-8B shapes and below) is loaded once and kept in
+// registers through the sum, and its weights, never written during a step,
+// are loaded before the wait, while the kernel before still runs. Longer rows
+// read x again after the sum, as do rms_norm's rows under
+// TERN_CUDA_NORM_HELD=0 (held 0, for A/B; add_rms_norm always holds its rows
+// and has TERN_CUDA_ADD_NORM=0 instead).
 constexpr int64_t kRowBatch = int64_t(kBatch) * kThreads;
 
 template <bool Add>
