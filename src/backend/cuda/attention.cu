@@ -51,7 +51,6 @@
 #include <climits>
 #include <cmath>
 #include <cstdlib>
-#include <string_view>
 
 #include "backend/cuda/attention_internal.cuh"
 #include "backend/cuda/launch.cuh"
@@ -815,10 +814,7 @@ void combine(const KvLayer& kv, int64_t n_tokens, int n_heads, const int32_t* sl
 // TERN_ATTN_WIDE=0 keeps wide heads' decode on the one-warp-per-head kernel,
 // for A/B measurements (the bits are the same either way).
 bool wide_decode_on() {
-    static const bool on = [] {
-        const char* e = std::getenv("TERN_ATTN_WIDE");
-        return !(e && std::string_view(e) == "0");
-    }();
+    static const bool on = !switched_off("TERN_ATTN_WIDE");
     return on;
 }
 
@@ -834,12 +830,9 @@ void launch_cuda_cores(const KvLayer& kv, const float* q, int64_t n_tokens, cons
         if ((split || n_tokens == 1 || kind == AttnBatch::Decode) && wide_decode_on()) {
             const Partials part = split ? split_partials(workspace, n_tokens, sh.n_heads, kv) : Partials{};
             const dim3 grid(unsigned(n_tokens * sh.n_heads), split ? unsigned(part.n_seg) : 1);
-            if (early_reads_on())
-                launch(attention_decode_wide_kernel<D, true>, grid, kWideWarps * kWarp, 0, stream, kv, q, sh, slot,
-                       pos, out, part);
-            else
-                launch(attention_decode_wide_kernel<D, false>, grid, kWideWarps * kWarp, 0, stream, kv, q, sh, slot,
-                       pos, out, part);
+            const auto kernel =
+                early_reads_on() ? attention_decode_wide_kernel<D, true> : attention_decode_wide_kernel<D, false>;
+            launch(kernel, grid, kWideWarps * kWarp, 0, stream, kv, q, sh, slot, pos, out, part);
             if (split) combine(kv, n_tokens, sh.n_heads, slot, pos, part, sh.seg_len, sh.window, out, stream);
             return;
         }
@@ -865,10 +858,7 @@ void launch_cuda_cores(const KvLayer& kv, const float* q, int64_t n_tokens, cons
 // TERN_ATTN_MMA=0 keeps every shape on the CUDA-core kernels, for A/B
 // measurements (docs/perf/LOG.md); read once, so prefill and decode agree.
 bool tensor_cores_on() {
-    static const bool on = [] {
-        const char* e = std::getenv("TERN_ATTN_MMA");
-        return !(e && std::string_view(e) == "0");
-    }();
+    static const bool on = !switched_off("TERN_ATTN_MMA");
     return on;
 }
 

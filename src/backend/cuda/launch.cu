@@ -36,19 +36,18 @@ int current_sm_count() {
     return sms;
 }
 
+bool switched_off(const char* name) {
+    const char* v = std::getenv(name);
+    return v && std::strcmp(v, "0") == 0;
+}
+
 bool pdl_enabled() {
-    static const bool allowed = [] {
-        const char* v = std::getenv("TERN_CUDA_PDL");
-        return !(v && std::strcmp(v, "0") == 0);
-    }();
+    static const bool allowed = !switched_off("TERN_CUDA_PDL");
     return allowed && sm90_code_runs_here();
 }
 
 bool early_reads_on() {
-    static const bool on = [] {
-        const char* v = std::getenv("TERN_CUDA_EARLY_READS");
-        return !(v && std::strcmp(v, "0") == 0);
-    }();
+    static const bool on = !switched_off("TERN_CUDA_EARLY_READS");
     return on;
 }
 

@@ -53,6 +53,10 @@ __device__ __forceinline__ void after_prior_grids() {
     allow_dependent_launch();
 }
 
+// True where the environment sets `name` to "0": how the measurement
+// switches of docs/cuda.md turn a path off for A/B runs. Callers read it once.
+bool switched_off(const char* name);
+
 // Whether kernels that can read the step's host-copied arrays before the wait
 // do (above); TERN_CUDA_EARLY_READS=0 turns it off for A/B runs.
 bool early_reads_on();

@@ -5,9 +5,6 @@
 // approximate them, which keeps most results bit-identical to the CPU's.
 #include <cuda_fp16.h>
 
-#include <cstdlib>
-#include <string>
-
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/row_ops.cuh"
@@ -205,10 +202,7 @@ __global__ void kv_store_kernel(KvLayer kv, const float* k, const float* v, int6
 // The longest row rms_norm keeps in registers: one batch a thread, or none
 // under TERN_CUDA_NORM_HELD=0.
 int64_t held_row_max() {
-    static const int64_t held = [] {
-        const char* e = std::getenv("TERN_CUDA_NORM_HELD");
-        return e && std::string(e) == "0" ? int64_t(0) : kRowBatch;
-    }();
+    static const int64_t held = switched_off("TERN_CUDA_NORM_HELD") ? 0 : kRowBatch;
     return held;
 }
 

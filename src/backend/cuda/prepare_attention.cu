@@ -125,12 +125,8 @@ void prepare_attention(const KvLayer& kv, float* q, float* k, const float* v, in
     const int heads = n_heads + kv.n_kv_heads;
     if (n_tokens <= 0 || heads <= 0 || !prepare_attention_supported(kv.head_dim, rope)) return;
     const dim3 grid(unsigned(n_tokens), unsigned((heads + kWarps - 1) / kWarps));
-    if (early_reads_on())
-        launch(prepare_attention_kernel<true>, grid, kWarps * 32, 0, stream, kv, q, k, v, n_heads, norms, rope, slot,
-               pos);
-    else
-        launch(prepare_attention_kernel<false>, grid, kWarps * 32, 0, stream, kv, q, k, v, n_heads, norms, rope, slot,
-               pos);
+    const auto kernel = early_reads_on() ? prepare_attention_kernel<true> : prepare_attention_kernel<false>;
+    launch(kernel, grid, kWarps * 32, 0, stream, kv, q, k, v, n_heads, norms, rope, slot, pos);
 }
 
 }  // namespace tern::cuda
