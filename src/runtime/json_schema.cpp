@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <map>
 #include <set>
+#include <utility>
 #include <vector>
 
 namespace tern::runtime {
@@ -221,6 +222,10 @@ private:
         if (!ref.is_string()) return fail(path + ".$ref", "'$ref' must be a string");
         const std::string& r = ref.as_string();
         if (auto it = refs_.find(r); it != refs_.end()) {
+            if (unguarded_.count(r))
+                return fail(path + ".$ref", "'$ref' " + r +
+                                                " leads back to itself before any character of the value is read, "
+                                                "which no grammar can express");
             out = it->second;
             return true;
         }
@@ -241,8 +246,10 @@ private:
             return fail(path + ".$ref", "'$ref' " + r + " does not name a schema under #/$defs or #/definitions");
         const std::string name = fresh("ref-" + r.substr(r.rfind('/') + 1));
         refs_[r] = name;  // before compiling: a recursive reference finds it
+        unguarded_.insert(r);
         std::string body;
         if (!compile(*target, r, body)) return false;
+        unguarded_.erase(r);
         rules_[name] = body;
         out = name;
         return true;
@@ -254,8 +261,15 @@ private:
             return true;
         }
         if (type == "string") return compile_string(d, path, out);
-        if (type == "array") return compile_array(d, path, out);
-        if (type == "object") return compile_object(d, path, out);
+        if (type == "array" || type == "object") {
+            // Their values open with '[' or '{', so a reference met inside
+            // them may lead back to one being compiled: the grammar reads a
+            // character before it recurs.
+            std::set<std::string> outer = std::exchange(unguarded_, {});
+            const bool ok = type == "array" ? compile_array(d, path, out) : compile_object(d, path, out);
+            unguarded_ = std::move(outer);
+            return ok;
+        }
         return fail(path + ".type", "unknown type '" + type + "'");
     }
 
@@ -441,6 +455,7 @@ private:
     std::string prefix_;
     std::map<std::string, std::string> rules_;
     std::map<std::string, std::string> refs_;
+    std::set<std::string> unguarded_;  // references being compiled, no character read since they began
     std::string error_;
     int counter_ = 0, depth_ = 0;
     bool formats_ = false;

@@ -79,6 +79,8 @@ TEST(JsonSchema, GrammarTakesValidInstancesAndRefusesInvalidOnes) {
              "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}}, "required": ["v"]}},
              "$ref": "#/$defs/node"})",
          {R"({"v": 1})", R"({"v": 1, "kids": [{"v": 2, "kids": [{"v": 3}]}]})"}, {R"({"v": 1, "kids": [{}]})"}},
+        {R"({"anyOf": [{"type": "integer"}, {"type": "array", "items": {"$ref": "#"}}]})",
+         {R"(1)", R"([1, [2, []]])"}, {R"([1, "a"])"}},
         {R"({"type": "string", "format": "date-time"})", {R"("2026-12-02T10:30:00Z")", R"("2026-02-28T23:59:59.5+01:00")"},
          {R"("2026-02-30T10:30:00Z")", R"("2026-12-02 10:30:00Z")", R"("2026-13-02T10:30:00Z")"}},
         {R"({"type": "string", "format": "uuid"})", {R"("123e4567-e89b-12d3-a456-426614174000")"}, {R"("123e4567")"}},
@@ -105,6 +107,10 @@ TEST(JsonSchema, RefusesWhatItCannotHonourNamingItAndWhere) {
         {R"({"type": "array", "minItems": 3, "maxItems": 2})", "maxItems is below minItems"},
         {R"(false)", "admits no value"},
         {R"({"allOf": [{"type": "string"}, {"maxLength": 2}]})", "'allOf' is supported with one schema only"},
+        {R"({"anyOf": [{"$ref": "#"}]})", "'$ref' # leads back to itself before any character"},
+        {R"({"$defs": {"a": {"anyOf": [{"type": "null"}, {"$ref": "#/$defs/b"}]}, "b": {"allOf": [{"$ref": "#/$defs/a"}]}},
+             "$ref": "#/$defs/a"})",
+         "leads back to itself before any character"},
     };
     for (const auto& [schema, says] : cases) {
         auto r = tern::runtime::json_schema_to_gbnf(schema_of(schema));
