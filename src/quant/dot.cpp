@@ -77,6 +77,12 @@ DotTokensFn dot_tokens_kernel(TensorType type, SimdPath path) {
     return ik ? ik->tokens : nullptr;
 }
 
+DotRowsFn dot_rows_kernel(TensorType type, SimdPath path) {
+    const detail::PathKernels* k = kernels_for(path);
+    const detail::IntKernel* ik = k ? int_kernel(*k, type) : nullptr;
+    return ik ? ik->rows : nullptr;
+}
+
 DotFloatTokensFn dot_float_tokens_kernel(TensorType type, SimdPath path) {
     const detail::PathKernels* k = kernels_for(path);
     if (!k) return nullptr;

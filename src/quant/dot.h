@@ -12,6 +12,7 @@
 // fixed order, so every path returns the same bits as the scalar reference.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "base/result.h"
@@ -73,6 +74,13 @@ using DotTokensFn = void (*)(const void* w_row, const ActTokens& a, int n_tokens
 using DotFloatTokensFn = void (*)(const void* w_row, const float* x, int64_t x_stride, int n_tokens, int64_t k,
                                   float* out, int64_t out_stride);
 
+// One token against n_rows rows, row r at w + r * row_stride:
+//   out[r] = DotRowFn(w + r * row_stride, a, k), bit for bit,
+// with the work every row shares (the activations' block scales and sums)
+// done once.
+using DotRowsFn = void (*)(const void* w, size_t row_stride, int64_t n_rows, const block_q8a* a, int64_t k,
+                           float* out);
+
 // Types with an integer dot product: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K.
 bool dot_int_type(TensorType type);
 // F32, F16, BF16.
@@ -84,6 +92,7 @@ DotRowFn dot_row_kernel(TensorType type, SimdPath path);
 DotIntSumsFn dot_int_sums_kernel(TensorType type, SimdPath path);
 DotFloatFn dot_float_kernel(TensorType type, SimdPath path);
 DotTokensFn dot_tokens_kernel(TensorType type, SimdPath path);
+DotRowsFn dot_rows_kernel(TensorType type, SimdPath path);  // nullptr on the scalar path
 DotFloatTokensFn dot_float_tokens_kernel(TensorType type, SimdPath path);
 
 // ---- the per-block terms, and the order the CUDA kernels sum them in --------

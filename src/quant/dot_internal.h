@@ -24,6 +24,7 @@ struct IntKernel {
     DotRowFn row = nullptr;
     DotIntSumsFn int_sums = nullptr;
     DotTokensFn tokens = nullptr;
+    DotRowsFn rows = nullptr;  // nullptr: the caller runs row() once a row
 };
 
 // What one path provides; a path compiled without its instruction set exports

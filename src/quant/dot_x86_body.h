@@ -89,6 +89,35 @@ inline __m256i act_sum8(const block_q8a* a) {
     return _mm256_setr_epi32(a[0].sum, a[1].sum, a[2].sum, a[3].sum, a[4].sum, a[5].sum, a[6].sum, a[7].sum);
 }
 
+// A one-token matmul reads each weight byte once, from memory. Asking for
+// the bytes kPrefetchAhead past those being read keeps enough misses in
+// flight for a core to stream near its share of the bandwidth; the hardware
+// prefetcher alone left it at about two thirds (docs/perf/LOG.md c18).
+constexpr int64_t kPrefetchAhead = 2048;
+
+template <size_t Bytes>
+inline void prefetch_ahead(const void* p) {
+    const char* q = static_cast<const char*>(p) + kPrefetchAhead;
+#pragma GCC unroll 8
+    for (size_t off = 0; off < Bytes; off += 64) _mm_prefetch(q + off, _MM_HINT_T0);
+}
+
+// Where a kernel finds the scales and sums of eight activation blocks from
+// block b on: gathered from the blocks themselves (one row), or loaded from
+// planes made once for all the rows of a one-token matmul (dot_rows below),
+// which every row would otherwise gather again.
+struct BlockActs {
+    const block_q8a* a;
+    __m256 d8(int64_t b) const { return act_d8(a + b); }
+    __m256i sum8(int64_t b) const { return act_sum8(a + b); }
+};
+struct PlanarActs {
+    const float* d;
+    const int32_t* sum;
+    __m256 d8(int64_t b) const { return _mm256_loadu_ps(d + b); }
+    __m256i sum8(int64_t b) const { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sum + b)); }
+};
+
 inline float half1(uint16_t h) { return _cvtsh_ss(h); }
 
 // Eight halves `stride` bytes apart, starting at `first`.
@@ -176,14 +205,15 @@ struct Q8_0 {
 // w_sum (A) and x_sum (S) of eight consecutive blocks, lane j = block j.
 // (The unroll pragmas matter at -O2: without them GCC keeps these eight-step
 // loops as loops and round-trips every partial sum through the stack.)
-template <class T>
-inline void legacy_sums8(const typename T::Block* w, const block_q8a* a, __m256i& A, __m256i& S) {
+template <class T, class Acts>
+inline void legacy_sums8(const typename T::Block* w, const block_q8a* a, const Acts& acts, int64_t b, __m256i& A,
+                         __m256i& S) {
     __m256i p[8];
 #pragma GCC unroll 8
     for (int j = 0; j < 8; ++j) p[j] = T::raw(w[j], load_a(a[j]));
     A = reduce8(p);
     S = _mm256_setzero_si256();
-    if constexpr (T::kMin || T::kOffsetShift != 0) S = act_sum8(a);
+    if constexpr (T::kMin || T::kOffsetShift != 0) S = acts.sum8(b);
     if constexpr (T::kOffsetShift != 0) A = _mm256_sub_epi32(A, _mm256_slli_epi32(S, T::kOffsetShift));
     if constexpr (!T::kMin) S = _mm256_setzero_si256();
 }
@@ -242,16 +272,17 @@ inline __m256 legacy_tail(const typename T::Block* w, const block_q8a* a, __m256
     return _mm256_insertf128_ps(acc, _mm_blend_ps(l, _mm_add_ps(l, t), kLanes), 0);
 }
 
-template <class T>
-float dot_legacy(const void* wv, const block_q8a* a, int64_t k) {
+template <class T, class Acts = BlockActs>
+float dot_legacy(const void* wv, const block_q8a* a, int64_t k, const Acts& acts) {
     const auto* w = static_cast<const typename T::Block*>(wv);
     const int64_t nb = k / 32;
     __m256 acc = _mm256_setzero_ps();
     int64_t b = 0;
     for (; b + 8 <= nb; b += 8) {
+        prefetch_ahead<8 * sizeof(typename T::Block)>(w + b);
         __m256i A, S;
-        legacy_sums8<T>(w + b, a + b, A, S);
-        const __m256 da = act_d8(a + b);
+        legacy_sums8<T>(w + b, a + b, acts, b, A, S);
+        const __m256 da = acts.d8(b);
         const __m256 dw = half8(&w[b].d, sizeof(typename T::Block));
         __m256 t = _mm256_mul_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(A));
         if constexpr (T::kMin) {
@@ -287,13 +318,18 @@ float dot_legacy(const void* wv, const block_q8a* a, int64_t k) {
 }
 
 template <class T>
+float dot_legacy(const void* wv, const block_q8a* a, int64_t k) {
+    return dot_legacy<T>(wv, a, k, BlockActs{a});
+}
+
+template <class T>
 void int_sums_legacy(const void* wv, const block_q8a* a, int64_t k, int32_t* A, int32_t* S) {
     const auto* w = static_cast<const typename T::Block*>(wv);
     const int64_t nb = k / 32;
     int64_t b = 0;
     for (; b + 8 <= nb; b += 8) {
         __m256i va, vs;
-        legacy_sums8<T>(w + b, a + b, va, vs);
+        legacy_sums8<T>(w + b, a + b, BlockActs{a}, b, va, vs);
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(A + b), va);
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(S + b), vs);
     }
@@ -305,7 +341,8 @@ void int_sums_legacy(const void* wv, const block_q8a* a, int64_t k, int32_t* A, 
 struct Q2_K {
     using Block = block_q2_K;
     static constexpr bool kMin = true;
-    static void sums(const Block& w, const block_q8a* a, __m256i& A, __m256i& X) {
+    template <class Acts>
+    static void sums(const Block& w, const block_q8a* a, const Acts&, int64_t, __m256i& A, __m256i& X) {
         const __m128i s8 = load16(w.scales);
         const __m128i m4 = _mm_set1_epi8(0x0F);
         __m256i sc[2], mn[2];
@@ -333,7 +370,8 @@ struct Q2_K {
 struct Q3_K {
     using Block = block_q3_K;
     static constexpr bool kMin = false;
-    static void sums(const Block& w, const block_q8a* a, __m256i& A, __m256i& X) {
+    template <class Acts>
+    static void sums(const Block& w, const block_q8a* a, const Acts&, int64_t, __m256i& A, __m256i& X) {
         uint32_t s[4];
         unpack_q3k_scales_words(w.scales, s);
         const __m128i biased = _mm_setr_epi32(int(s[0]), int(s[1]), int(s[2]), int(s[3]));
@@ -369,7 +407,8 @@ inline void k4_scales(const uint8_t* packed, __m256i& sc, __m256i& mn) {
 struct Q4_K {
     using Block = block_q4_K;
     static constexpr bool kMin = true;
-    static void sums(const Block& w, const block_q8a* a, __m256i& A, __m256i& X) {
+    template <class Acts>
+    static void sums(const Block& w, const block_q8a* a, const Acts& acts, int64_t b, __m256i& A, __m256i& X) {
         __m256i sc, mn;
         k4_scales(w.scales, sc, mn);
         const __m256i m4 = _mm256_set1_epi8(0x0F);
@@ -381,14 +420,15 @@ struct Q4_K {
             p[2 * c + 1] = mul_sum_u8s8(_mm256_and_si256(_mm256_srli_epi16(Q, 4), m4), load_a(a[2 * c + 1]));
         }
         A = _mm256_mullo_epi32(reduce8(p), sc);
-        X = _mm256_mullo_epi32(act_sum8(a), mn);
+        X = _mm256_mullo_epi32(acts.sum8(b), mn);
     }
 };
 
 struct Q5_K {
     using Block = block_q5_K;
     static constexpr bool kMin = true;
-    static void sums(const Block& w, const block_q8a* a, __m256i& A, __m256i& X) {
+    template <class Acts>
+    static void sums(const Block& w, const block_q8a* a, const Acts& acts, int64_t b, __m256i& A, __m256i& X) {
         __m256i sc, mn;
         k4_scales(w.scales, sc, mn);
         const __m256i m4 = _mm256_set1_epi8(0x0F);
@@ -404,14 +444,15 @@ struct Q5_K {
             p[2 * c + 1] = mul_sum_u8s8(hi, load_a(a[2 * c + 1]));
         }
         A = _mm256_mullo_epi32(reduce8(p), sc);
-        X = _mm256_mullo_epi32(act_sum8(a), mn);
+        X = _mm256_mullo_epi32(acts.sum8(b), mn);
     }
 };
 
 struct Q6_K {
     using Block = block_q6_K;
     static constexpr bool kMin = false;
-    static void sums(const Block& w, const block_q8a* a, __m256i& A, __m256i& X) {
+    template <class Acts>
+    static void sums(const Block& w, const block_q8a* a, const Acts&, int64_t, __m256i& A, __m256i& X) {
         __m256i sc[2];
         split_scales16(_mm256_cvtepi8_epi16(load16(w.scales)), sc);
         const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
@@ -440,14 +481,15 @@ struct Q6_K {
     }
 };
 
-template <class T>
-float dot_kquant(const void* wv, const block_q8a* a, int64_t k) {
+template <class T, class Acts>
+float dot_kquant(const void* wv, const block_q8a* a, int64_t k, const Acts& acts) {
     const auto* w = static_cast<const typename T::Block*>(wv);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < k / QK_K; ++i, a += 8) {
+        prefetch_ahead<sizeof(typename T::Block)>(w + i);
         __m256i A, X;
-        T::sums(w[i], a, A, X);
-        const __m256 da = act_d8(a);
+        T::sums(w[i], a, acts, 8 * i, A, X);
+        const __m256 da = acts.d8(8 * i);
         const __m256 d = _mm256_set1_ps(half1(w[i].d));
         __m256 t = _mm256_mul_ps(_mm256_mul_ps(d, da), _mm256_cvtepi32_ps(A));
         if constexpr (T::kMin) {
@@ -460,14 +502,58 @@ float dot_kquant(const void* wv, const block_q8a* a, int64_t k) {
 }
 
 template <class T>
+float dot_kquant(const void* wv, const block_q8a* a, int64_t k) {
+    return dot_kquant<T>(wv, a, k, BlockActs{a});
+}
+
+template <class T>
 void int_sums_kquant(const void* wv, const block_q8a* a, int64_t k, int32_t* A, int32_t* X) {
     const auto* w = static_cast<const typename T::Block*>(wv);
     for (int64_t i = 0; i < k / QK_K; ++i) {
         __m256i va, vx;
-        T::sums(w[i], a + 8 * i, va, vx);
+        T::sums(w[i], a + 8 * i, BlockActs{a}, 8 * i, va, vx);
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(A + 8 * i), va);
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(X + 8 * i), vx);
     }
+}
+
+// ---- one token, many rows -------------------------------------------------
+//
+// Every row of a one-token matmul reads the same activations, so their
+// eight-block scales and sums are gathered into planes once rather than once
+// a row (docs/perf/LOG.md c18). out[r] is row r's dot(), bit for bit.
+
+constexpr int64_t kPlaneBlocks = 2048;  // rows of up to 65,536 elements: 16 KiB of planes on the stack
+
+template <class RowFn>
+inline void rows_over_planes(const void* w, size_t row_stride, int64_t n_rows, const block_q8a* a, int64_t k,
+                             float* out, RowFn row) {
+    const auto* base = static_cast<const uint8_t*>(w);
+    const int64_t nb = k / 32;
+    if (nb > kPlaneBlocks) {
+        for (int64_t r = 0; r < n_rows; ++r) out[r] = row(base + size_t(r) * row_stride, BlockActs{a});
+        return;
+    }
+    alignas(32) float d[kPlaneBlocks];
+    alignas(32) int32_t sum[kPlaneBlocks];
+    for (int64_t b = 0; b < nb; ++b) {
+        d[b] = a[b].d;
+        sum[b] = a[b].sum;
+    }
+    const PlanarActs planes{d, sum};
+    for (int64_t r = 0; r < n_rows; ++r) out[r] = row(base + size_t(r) * row_stride, planes);
+}
+
+template <class T>
+void dot_legacy_rows(const void* w, size_t row_stride, int64_t n_rows, const block_q8a* a, int64_t k, float* out) {
+    rows_over_planes(w, row_stride, n_rows, a, k, out,
+                     [&](const void* row, const auto& acts) { return dot_legacy<T>(row, a, k, acts); });
+}
+
+template <class T>
+void dot_kquant_rows(const void* w, size_t row_stride, int64_t n_rows, const block_q8a* a, int64_t k, float* out) {
+    rows_over_planes(w, row_stride, n_rows, a, k, out,
+                     [&](const void* row, const auto& acts) { return dot_kquant<T>(row, a, k, acts); });
 }
 
 // ---- float rows: element k into lane k % 16 (two registers of eight) -------

@@ -520,11 +520,11 @@ void dot_float_tokens(const void* w, const float* x, int64_t x_stride, int n, in
 
 template <class T, class Tokens>
 constexpr IntKernel legacy() {
-    return {dot_legacy<T>, int_sums_legacy<T>, tokens::dot_legacy_tokens<Tokens>};
+    return {dot_legacy<T>, int_sums_legacy<T>, tokens::dot_legacy_tokens<Tokens>, dot_legacy_rows<T>};
 }
 template <class T, class Tokens>
 constexpr IntKernel kquant() {
-    return {dot_kquant<T>, int_sums_kquant<T>, tokens::dot_kquant_tokens<Tokens>};
+    return {dot_kquant<T>, int_sums_kquant<T>, tokens::dot_kquant_tokens<Tokens>, dot_kquant_rows<T>};
 }
 
 const PathKernels kX86Kernels = {

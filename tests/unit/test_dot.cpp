@@ -10,7 +10,8 @@
 //  - the multi-token kernels (prefill) give every token the one-token kernel's
 //    bits, for 1..kDotMaxTokens tokens, ragged row lengths and arbitrary bytes,
 //    writing only their outputs; the activation packing puts every element
-//    where quant/dot.h says.
+//    where quant/dot.h says;
+//  - the one-token many-row kernel gives every row the one-row kernel's bits.
 // Fresh random data every run; the seed is printed.
 #include <gtest/gtest.h>
 
@@ -443,6 +444,50 @@ TEST(DotTokens, ArbitraryBytesAgreeWithTheOneTokenKernel) {
             for (SimdPath path : available_paths()) {
                 SCOPED_TRACE(simd_path_name(path));
                 expect_tokens_match(t, path, row.data(), b, n, k, true);
+            }
+        }
+    }
+}
+
+// The one-token matmul's kernel (activation scales and sums gathered once for
+// all rows): every row's one-row bits, rows at a stride past their bytes, and
+// nothing written past the last; quantizer output and arbitrary bytes, and
+// rows longer than its planes (it falls back to gathering per row).
+TEST(DotRows, EveryRowGetsTheOneRowKernelsBits) {
+    std::mt19937 rng(seed() + 24);
+    SCOPED_TRACE("seed " + std::to_string(seed()));
+    std::uniform_int_distribution<int> byte(0, 255);
+    for (TensorType t : int_types()) {
+        std::vector<int64_t> lengths = row_lengths(t);
+        lengths.push_back(32 * 2048 + 256);  // past the planes
+        for (int64_t k : lengths) {
+            for (const bool arbitrary : {false, true}) {
+                SCOPED_TRACE(name(t) + " k=" + std::to_string(k) + (arbitrary ? " arbitrary bytes" : ""));
+                const int64_t n_rows = 1 + int64_t(rng() % 5);
+                const size_t stride = row_bytes(t, k) + 2 * (rng() % 8);
+                std::vector<uint8_t> rows(stride * size_t(n_rows));
+                for (int64_t r = 0; r < n_rows; ++r) {
+                    std::vector<uint8_t> row = quantize(t, random_weights(rng, k));
+                    if (arbitrary)
+                        for (uint8_t& v : row) v = uint8_t(byte(rng));
+                    std::copy(row.begin(), row.end(), rows.begin() + r * int64_t(stride));
+                }
+                const TokenBatch b = random_batch(rng, 1, k);
+                EXPECT_EQ(dot_rows_kernel(t, SimdPath::scalar), nullptr);
+                for (SimdPath path : available_paths()) {
+                    if (path == SimdPath::scalar) continue;
+                    SCOPED_TRACE(simd_path_name(path));
+                    const DotRowsFn kernel = dot_rows_kernel(t, path);
+                    ASSERT_NE(kernel, nullptr);
+                    std::vector<float> out(size_t(n_rows + 1), std::numeric_limits<float>::quiet_NaN());
+                    kernel(rows.data(), stride, n_rows, b.token(0, k), k, out.data());
+                    for (int64_t r = 0; r < n_rows; ++r) {
+                        const float ref = dot_row_kernel(t, path)(rows.data() + r * int64_t(stride), b.token(0, k), k);
+                        if (std::isnan(ref)) ASSERT_TRUE(std::isnan(out[size_t(r)])) << "row " << r;
+                        else ASSERT_EQ(bits_of(out[size_t(r)]), bits_of(ref)) << "row " << r << " of " << n_rows;
+                    }
+                    ASSERT_TRUE(std::isnan(out[size_t(n_rows)])) << "wrote past the last row";
+                }
             }
         }
     }

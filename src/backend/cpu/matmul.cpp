@@ -162,6 +162,12 @@ Status matmul_q8a(const Weight& w, const quant::block_q8a* xq, int64_t n_tokens,
     const auto* base = static_cast<const uint8_t*>(w.host);
     const int64_t rows = w.rows, cols = w.cols, nbk = cols / quant::QK8A;
     const size_t row_stride = *stride;
+    if (const quant::DotRowsFn dot_rows = quant::dot_rows_kernel(w.type, *path); n_tokens == 1 && dot_rows) {
+        for_each_tile(rows, cols, 1, thread_count(opt), [&](int64_t r0, int64_t r1, int64_t, int64_t) {
+            dot_rows(base + size_t(r0) * row_stride, row_stride, r1 - r0, xq, cols, out + r0);
+        });
+        return {};
+    }
     if (n_tokens == 1 || !dot_tokens) {
         for_each_tile(rows, cols, n_tokens, thread_count(opt), [&](int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
             for (int64_t r = r0; r < r1; ++r) {
