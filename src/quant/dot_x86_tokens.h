@@ -441,7 +441,10 @@ void dot_legacy_tokens(const void* wv, const ActTokens& a, int n, int64_t k, flo
     __m256 acc[kDotMaxTokens];
     for (int t = 0; t < n; ++t) acc[t] = _mm256_setzero_ps();
     int64_t b = 0;
-    for (; b + 8 <= nb; b += 8) group_tokens(LegacyGroup<T>(w + b), a, b, n, acc);
+    for (; b + 8 <= nb; b += 8) {
+        prefetch_ahead<8 * sizeof(Block)>(w + b);
+        group_tokens(LegacyGroup<T>(w + b), a, b, n, acc);
+    }
     if (b < nb) {
         // Ragged tail: zero blocks pad the group. Their lanes (zero weights,
         // zero activations from the packing) add +0.0f, which leaves an
@@ -460,7 +463,10 @@ void dot_kquant_tokens(const void* wv, const ActTokens& a, int n, int64_t k, flo
     const auto* w = static_cast<const typename T::Block*>(wv);
     __m256 acc[kDotMaxTokens];
     for (int t = 0; t < n; ++t) acc[t] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < k / QK_K; ++i) group_tokens(T(w[i]), a, 8 * i, n, acc);
+    for (int64_t i = 0; i < k / QK_K; ++i) {
+        prefetch_ahead<sizeof(typename T::Block)>(w + i);
+        group_tokens(T(w[i]), a, 8 * i, n, acc);
+    }
     for (int t = 0; t < n; ++t) out[t * out_stride] = fold8(acc[t]);
 }
 
