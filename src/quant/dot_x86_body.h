@@ -559,16 +559,19 @@ void dot_kquant_rows(const void* w, size_t row_stride, int64_t n_rows, const blo
 // ---- float rows: element k into lane k % 16 (two registers of eight) -------
 
 struct F32 {
+    static constexpr size_t kBytes = 4;  // a weight's
     static __m256 load8(const void* w, int64_t i) { return _mm256_loadu_ps(static_cast<const float*>(w) + i); }
     static float load1(const void* w, int64_t i) { return static_cast<const float*>(w)[i]; }
 };
 struct F16 {
+    static constexpr size_t kBytes = 2;
     static __m256 load8(const void* w, int64_t i) {
         return _mm256_cvtph_ps(load16(static_cast<const uint16_t*>(w) + i));
     }
     static float load1(const void* w, int64_t i) { return half1(static_cast<const uint16_t*>(w)[i]); }
 };
 struct BF16 {
+    static constexpr size_t kBytes = 2;
     static __m256 load8(const void* w, int64_t i) {
         const __m256i u = _mm256_cvtepu16_epi32(load16(static_cast<const uint16_t*>(w) + i));
         return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
@@ -586,6 +589,7 @@ float dot_float(const void* w, const float* x, int64_t k) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 16 <= k; i += 16) {
+        prefetch_ahead<16 * T::kBytes>(static_cast<const char*>(w) + i * int64_t(T::kBytes));
         acc0 = _mm256_add_ps(acc0, _mm256_mul_ps(T::load8(w, i), _mm256_loadu_ps(x + i)));
         acc1 = _mm256_add_ps(acc1, _mm256_mul_ps(T::load8(w, i + 8), _mm256_loadu_ps(x + i + 8)));
     }

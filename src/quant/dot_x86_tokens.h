@@ -482,6 +482,7 @@ void dot_float_tokens_n(const void* w, const float* x, int64_t x_stride, int64_t
     for (int t = 0; t < NT; ++t) acc0[t] = acc1[t] = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 16 <= k; i += 16) {
+        prefetch_ahead<16 * T::kBytes>(static_cast<const char*>(w) + i * int64_t(T::kBytes));
         const __m256 w0 = T::load8(w, i), w1 = T::load8(w, i + 8);
         for (int t = 0; t < NT; ++t) {
             const float* xt = x + t * x_stride + i;
