@@ -1,11 +1,13 @@
-// The CPU backend: weights used in place from the GGUF mapping, activations in
-// host memory, OpenMP threads over independent rows, an f16 KV cache of pages
-// laid out [layer][page][pos in page][kv_head][head_dim].
+// The CPU backend: weight matrices copied into huge-page memory where it can
+// be had (else read in place from the GGUF mapping), activations in host
+// memory, OpenMP threads over independent rows, an f16 KV cache of pages laid
+// out [layer][page][pos in page][kv_head][head_dim].
 #include <omp.h>
 
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <optional>
@@ -16,6 +18,7 @@
 #include "backend/kv_page_table.h"
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/ops.h"
+#include "backend/cpu/weight_arena.h"
 #include "backend/host_group.h"
 #include "base/fp16.h"
 #include "quant/act_quant.h"
@@ -25,20 +28,28 @@
 namespace tern::backend {
 namespace {
 
+// TERN_CPU_WEIGHT_COPY=0 reads every weight in place from the mapping, for
+// A/B runs and for machines whose memory the copies would crowd.
+bool weight_copies_on() {
+    const char* v = std::getenv("TERN_CPU_WEIGHT_COPY");
+    return !(v && std::string(v) == "0");
+}
+
 class CpuBackend final : public Backend {
 public:
     CpuBackend(int threads, std::shared_ptr<CommGroup> group, int rank, bool grouped_kquant_acts)
         : threads_(threads > 0 ? threads : omp_get_num_procs()),
           group_(std::move(group)),
           host_(dynamic_cast<HostGroup*>(group_.get())),
-          rank_(rank) {
+          rank_(rank),
+          arena_(weight_copies_on() ? cpu::WeightArena::available_budget() : 0) {
         omp_set_num_threads(threads_);
         matmul_opt_.grouped_kquant_acts = grouped_kquant_acts;
     }
 
     std::string name() const override { return "cpu"; }
 
-    // Weights are read in place; views need nothing more than their stride.
+    // Matrices are copied into the arena (a view: its rows at their stride), else read in place.
     Result<Weight> register_weight(const Weight& described) override {
         Weight w = described;
         w.impl = nullptr;
@@ -48,6 +59,11 @@ public:
             if (Status s = quant::dequantize_row(w.type, w.host, f.data(), w.cols); !s.ok())
                 return Error{"tensor '" + w.name + "': " + s.message()};
             w.impl = f.data();
+        }
+        if (w.rows > 1) {
+            // Matrices stream from huge pages where memory allows (weight_arena.h).
+            const size_t span = size_t(w.rows - 1) * w.row_bytes + quant::row_bytes(w.type, w.cols);
+            if (const void* copy = arena_.copy(w.host, span)) w.host = copy;
         }
         return w;
     }
@@ -350,6 +366,7 @@ private:
     int rank_ = 0;
     std::deque<std::vector<float>> buffers_;
     std::deque<std::vector<float>> small_f32_;
+    cpu::WeightArena arena_;
     std::vector<quant::block_q8a> shared_xq_;  // matmul_shared's quantized input
     // The routing of route_experts: k experts and weights per token, each
     // expert's routed rows, and the expert matmuls' gathered rows.

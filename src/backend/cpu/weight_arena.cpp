@@ -1,0 +1,58 @@
+#include "backend/cpu/weight_arena.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <string>
+
+namespace tern::backend::cpu {
+namespace {
+
+constexpr size_t kHugePage = size_t(2) << 20;
+constexpr size_t kChunk = size_t(256) << 20;  // weights are packed into chunks of at least this
+constexpr size_t kAlign = 64;
+
+size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+}  // namespace
+
+WeightArena::WeightArena(size_t budget) : budget_(budget) {}
+
+WeightArena::~WeightArena() {
+    for (const Chunk& c : chunks_) munmap(c.map, c.map_size);
+}
+
+const void* WeightArena::copy(const void* src, size_t n) {
+    if (n == 0 || n > budget_ - std::min(budget_, copied_)) return nullptr;
+    const size_t need = round_up(n, kAlign);
+    Chunk* chunk = chunks_.empty() ? nullptr : &chunks_.back();
+    if (!chunk || chunk->size - chunk->used < need) {
+        // Over-allocated by a huge page so that the chunk can start on one.
+        const size_t size = round_up(std::max(need, kChunk), kHugePage);
+        void* map = mmap(nullptr, size + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (map == MAP_FAILED) return nullptr;
+        auto* base = reinterpret_cast<uint8_t*>(round_up(reinterpret_cast<uintptr_t>(map), kHugePage));
+        madvise(base, size, MADV_HUGEPAGE);  // advice: without it the copy still serves
+        chunks_.push_back(Chunk{map, size + kHugePage, base, size, 0});
+        chunk = &chunks_.back();
+    }
+    uint8_t* dst = chunk->base + chunk->used;
+    std::memcpy(dst, src, n);
+    chunk->used += need;
+    copied_ += n;
+    return dst;
+}
+
+size_t WeightArena::available_budget() {
+    std::ifstream meminfo("/proc/meminfo");
+    std::string key;
+    size_t kib = 0;
+    std::string unit;
+    while (meminfo >> key >> kib >> unit)
+        if (key == "MemAvailable:") return kib / 4 * 3 * 1024;
+    return 0;
+}
+
+}  // namespace tern::backend::cpu

@@ -1,0 +1,124 @@
+// backend/cpu/weight_arena and the CPU backend's registration: weight
+// matrices are copied byte for byte into 64-byte aligned, non-overlapping
+// memory (a view with its rows at their stride), 1-D weights are not, and
+// nothing is copied past the budget or with TERN_CPU_WEIGHT_COPY=0.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cpu/weight_arena.h"
+#include "quant/quant.h"
+
+namespace tern {
+namespace {
+
+std::vector<uint8_t> random_bytes(std::mt19937& rng, size_t n) {
+    std::vector<uint8_t> v(n);
+    for (uint8_t& b : v) b = uint8_t(rng());
+    return v;
+}
+
+TEST(WeightArena, CopiesAreExactAlignedAndApart) {
+    std::mt19937 rng(std::random_device{}());
+    backend::cpu::WeightArena arena(size_t(1) << 30);
+    std::vector<std::vector<uint8_t>> sources;
+    std::vector<const uint8_t*> copies;
+    // Small ones share a chunk; one larger than a chunk takes its own.
+    for (size_t n : {size_t(1), size_t(63), size_t(4097), size_t(300) << 20, size_t(100)}) {
+        sources.push_back(random_bytes(rng, n));
+        const auto* c = static_cast<const uint8_t*>(arena.copy(sources.back().data(), n));
+        ASSERT_NE(c, nullptr) << n;
+        EXPECT_EQ(reinterpret_cast<uintptr_t>(c) % 64, 0u);
+        copies.push_back(c);
+    }
+    for (size_t i = 0; i < sources.size(); ++i)
+        EXPECT_EQ(std::memcmp(copies[i], sources[i].data(), sources[i].size()), 0) << "copy " << i;
+    for (size_t i = 0; i < copies.size(); ++i)
+        for (size_t j = i + 1; j < copies.size(); ++j) {
+            const bool apart = copies[i] + sources[i].size() <= copies[j] || copies[j] + sources[j].size() <= copies[i];
+            EXPECT_TRUE(apart) << i << " and " << j << " overlap";
+        }
+}
+
+TEST(WeightArena, NothingPastTheBudget) {
+    std::vector<uint8_t> src(1000, 7);
+    backend::cpu::WeightArena arena(1500);
+    EXPECT_NE(arena.copy(src.data(), 1000), nullptr);
+    EXPECT_EQ(arena.copy(src.data(), 1000), nullptr);  // would pass 1500
+    EXPECT_NE(arena.copy(src.data(), 500), nullptr);
+    EXPECT_EQ(arena.copied(), 1500u);
+    backend::cpu::WeightArena none(0);
+    EXPECT_EQ(none.copy(src.data(), 1), nullptr);
+    EXPECT_EQ(none.copy(src.data(), 0), nullptr);
+}
+
+backend::Weight q4_1_matrix(const std::vector<uint8_t>& bytes, int64_t rows, int64_t cols) {
+    backend::Weight w;
+    w.name = "m";
+    w.type = TensorType::Q4_1;
+    w.rows = rows;
+    w.cols = cols;
+    w.host = bytes.data();
+    w.row_bytes = quant::row_bytes(TensorType::Q4_1, cols);
+    return w;
+}
+
+TEST(CpuBackendWeights, MatricesAreCopiedViewsAtTheirStrideVectorsAreNot) {
+    std::mt19937 rng(std::random_device{}());
+    const int64_t rows = 7, cols = 256;
+    const size_t rb = quant::row_bytes(TensorType::Q4_1, cols);
+    const std::vector<uint8_t> bytes = random_bytes(rng, rb * size_t(rows));
+    auto be = backend::make_cpu_backend(1);
+    if (backend::cpu::WeightArena::available_budget() < (size_t(512) << 20))
+        GTEST_SKIP() << "less than 512 MiB of memory available: the backend reads weights in place";
+
+    auto full = be->register_weight(q4_1_matrix(bytes, rows, cols));
+    ASSERT_TRUE(full.ok()) << full.error().message;
+    EXPECT_NE(full->host, bytes.data());
+    EXPECT_EQ(std::memcmp(full->host, bytes.data(), bytes.size()), 0);
+
+    // Columns 64..191 of rows 2..5: four blocks of each row, at the full stride.
+    backend::Weight view = q4_1_matrix(bytes, 4, 128);
+    view.host = bytes.data() + 2 * rb + quant::row_bytes(TensorType::Q4_1, 64);
+    view.row_bytes = rb;
+    auto v = be->register_weight(view);
+    ASSERT_TRUE(v.ok()) << v.error().message;
+    EXPECT_NE(v->host, view.host);
+    EXPECT_EQ(v->row_bytes, rb);
+    const size_t view_row = quant::row_bytes(TensorType::Q4_1, 128);
+    for (int64_t r = 0; r < 4; ++r)
+        EXPECT_EQ(std::memcmp(static_cast<const uint8_t*>(v->host) + r * rb,
+                              static_cast<const uint8_t*>(view.host) + r * rb, view_row),
+                  0)
+            << "view row " << r;
+
+    std::vector<float> norm(cols, 1.5f);
+    backend::Weight vec;
+    vec.name = "norm";
+    vec.type = TensorType::F32;
+    vec.cols = cols;
+    vec.host = norm.data();
+    vec.row_bytes = size_t(cols) * 4;
+    auto n = be->register_weight(vec);
+    ASSERT_TRUE(n.ok());
+    EXPECT_EQ(n->host, norm.data());
+}
+
+TEST(CpuBackendWeights, SwitchedOffTheyAreReadInPlace) {
+    std::mt19937 rng(std::random_device{}());
+    const std::vector<uint8_t> bytes = random_bytes(rng, quant::row_bytes(TensorType::Q4_1, 64) * 3);
+    ASSERT_EQ(setenv("TERN_CPU_WEIGHT_COPY", "0", 1), 0);
+    auto be = backend::make_cpu_backend(1);
+    unsetenv("TERN_CPU_WEIGHT_COPY");
+    auto w = be->register_weight(q4_1_matrix(bytes, 3, 64));
+    ASSERT_TRUE(w.ok());
+    EXPECT_EQ(w->host, bytes.data());
+}
+
+}  // namespace
+}  // namespace tern
