@@ -1,7 +1,8 @@
 // backend/cpu/weight_arena and the CPU backend's registration: weight
 // matrices are copied byte for byte into 64-byte aligned, non-overlapping
 // memory (a view with its rows at their stride), 1-D weights are not, and
-// nothing is copied past the budget or with TERN_CPU_WEIGHT_COPY=0.
+// nothing is copied past the budget (shared by the live arenas of the
+// process) or with TERN_CPU_WEIGHT_COPY=0.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -52,9 +53,23 @@ TEST(WeightArena, NothingPastTheBudget) {
     EXPECT_EQ(arena.copy(src.data(), 1000), nullptr);  // would pass 1500
     EXPECT_NE(arena.copy(src.data(), 500), nullptr);
     EXPECT_EQ(arena.copied(), 1500u);
+    {
+        // A second live arena shares the budget; the first one's copies count.
+        backend::cpu::WeightArena other(1500 + 100);
+        EXPECT_EQ(other.copy(src.data(), 101), nullptr);
+        EXPECT_NE(other.copy(src.data(), 100), nullptr);
+    }
     backend::cpu::WeightArena none(0);
     EXPECT_EQ(none.copy(src.data(), 1), nullptr);
     EXPECT_EQ(none.copy(src.data(), 0), nullptr);
+}
+
+TEST(WeightArena, CopiesAreGivenBackWithTheArena) {
+    std::vector<uint8_t> src(1000, 7);
+    for (int i = 0; i < 3; ++i) {
+        backend::cpu::WeightArena arena(1000);
+        EXPECT_NE(arena.copy(src.data(), 1000), nullptr) << "round " << i;
+    }
 }
 
 backend::Weight q4_1_matrix(const std::vector<uint8_t>& bytes, int64_t rows, int64_t cols) {

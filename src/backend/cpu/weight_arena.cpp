@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -16,23 +17,35 @@ constexpr size_t kAlign = 64;
 
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
+// Bytes copied by every live arena of the process (the ranks of a CPU
+// tensor-parallel group each hold one): the budget bounds their sum.
+std::atomic<size_t> g_resident{0};
+
 }  // namespace
 
 WeightArena::WeightArena(size_t budget) : budget_(budget) {}
 
 WeightArena::~WeightArena() {
     for (const Chunk& c : chunks_) munmap(c.map, c.map_size);
+    g_resident -= copied_;
 }
 
 const void* WeightArena::copy(const void* src, size_t n) {
-    if (n == 0 || n > budget_ - std::min(budget_, copied_)) return nullptr;
+    if (n == 0) return nullptr;
+    size_t resident = g_resident.load();
+    do {
+        if (n > budget_ - std::min(budget_, resident)) return nullptr;
+    } while (!g_resident.compare_exchange_weak(resident, resident + n));
     const size_t need = round_up(n, kAlign);
     Chunk* chunk = chunks_.empty() ? nullptr : &chunks_.back();
     if (!chunk || chunk->size - chunk->used < need) {
         // Over-allocated by a huge page so that the chunk can start on one.
         const size_t size = round_up(std::max(need, kChunk), kHugePage);
         void* map = mmap(nullptr, size + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (map == MAP_FAILED) return nullptr;
+        if (map == MAP_FAILED) {
+            g_resident -= n;
+            return nullptr;
+        }
         auto* base = reinterpret_cast<uint8_t*>(round_up(reinterpret_cast<uintptr_t>(map), kHugePage));
         madvise(base, size, MADV_HUGEPAGE);  // advice: without it the copy still serves
         chunks_.push_back(Chunk{map, size + kHugePage, base, size, 0});
@@ -46,13 +59,15 @@ const void* WeightArena::copy(const void* src, size_t n) {
 }
 
 size_t WeightArena::available_budget() {
-    std::ifstream meminfo("/proc/meminfo");
-    std::string key;
-    size_t kib = 0;
-    std::string unit;
-    while (meminfo >> key >> kib >> unit)
-        if (key == "MemAvailable:") return kib / 4 * 3 * 1024;
-    return 0;
+    static const size_t budget = [] {
+        std::ifstream meminfo("/proc/meminfo");
+        std::string key, unit;
+        size_t kib = 0;
+        while (meminfo >> key >> kib >> unit)
+            if (key == "MemAvailable:") return kib / 4 * 3 * 1024;
+        return size_t(0);
+    }();
+    return budget;
 }
 
 }  // namespace tern::backend::cpu

@@ -6,9 +6,9 @@
 // stream takes a TLB miss every 4 KiB; copied at registration into memory
 // advised for transparent huge pages, a 7B-shaped Q4_K_M file decoded a
 // third faster on a 2-core Xeon (docs/perf/LOG.md c22). The copy is skipped,
-// and the weight read in place, where it would take more than three quarters
-// of the memory available when the arena was made, or where memory cannot be
-// had: the mapping can be paged out under pressure, a copy cannot.
+// and the weight read in place, where the process's copies would pass three
+// quarters of the memory available when the first arena was made, or where
+// memory cannot be had: the mapping can be paged out under pressure, a copy cannot.
 #pragma once
 
 #include <cstddef>
@@ -19,7 +19,8 @@ namespace tern::backend::cpu {
 
 class WeightArena {
 public:
-    // budget: the most bytes this arena copies; `available_budget()` below is the default.
+    // budget: the most bytes that this and every other live arena of the
+    // process may hold copied together; `available_budget()` is the default.
     explicit WeightArena(size_t budget);
     ~WeightArena();
     WeightArena(const WeightArena&) = delete;
@@ -31,9 +32,9 @@ public:
 
     size_t copied() const { return copied_; }
 
-    // Three quarters of the memory the system reports available (MemAvailable:
-    // free memory and reclaimable caches, the model file's pages among them);
-    // 0 where it cannot be read.
+    // Three quarters of the memory the system reported available (MemAvailable:
+    // free memory and reclaimable caches, the model file's pages among them)
+    // the first time it was asked in this process; 0 where it cannot be read.
     static size_t available_budget();
 
 private:
