@@ -89,10 +89,12 @@ inline __m256i act_sum8(const block_q8a* a) {
     return _mm256_setr_epi32(a[0].sum, a[1].sum, a[2].sum, a[3].sum, a[4].sum, a[5].sum, a[6].sum, a[7].sum);
 }
 
-// A one-token matmul reads each weight byte once, from memory. Asking for
-// the bytes kPrefetchAhead past those being read keeps enough misses in
+// A decode step reads each weight byte once, from memory. Every kernel here
+// that streams weights (one token or several, integer or float) asks for the
+// bytes kPrefetchAhead past those it reads, which keeps enough misses in
 // flight for a core to stream near its share of the bandwidth; the hardware
-// prefetcher alone left it at about two thirds (docs/perf/LOG.md c18).
+// prefetcher alone left one-token decode at about two thirds of that
+// (docs/perf/LOG.md c18, c20, c21).
 constexpr int64_t kPrefetchAhead = 2048;
 
 template <size_t Bytes>
@@ -272,7 +274,7 @@ inline __m256 legacy_tail(const typename T::Block* w, const block_q8a* a, __m256
     return _mm256_insertf128_ps(acc, _mm_blend_ps(l, _mm_add_ps(l, t), kLanes), 0);
 }
 
-template <class T, class Acts = BlockActs>
+template <class T, class Acts>
 float dot_legacy(const void* wv, const block_q8a* a, int64_t k, const Acts& acts) {
     const auto* w = static_cast<const typename T::Block*>(wv);
     const int64_t nb = k / 32;

@@ -4,8 +4,8 @@
 // A one-token step streams every weight byte once. Read in place from the
 // GGUF mapping, the bytes sit in 4 KiB pages of the page cache, and the
 // stream takes a TLB miss every 4 KiB; copied at registration into memory
-// advised for transparent huge pages, a 7B-shaped Q4_K_M file decoded a
-// third faster on a 2-core Xeon (docs/perf/LOG.md c22). The copy is skipped,
+// advised for transparent huge pages, a 7B-shaped Q4_K_M file decoded
+// 40-46% faster on a 2-core Xeon (docs/perf/LOG.md c22). The copy is skipped,
 // and the weight read in place, where the process's copies would pass three
 // quarters of the memory available when the first arena was made, or where
 // memory cannot be had: the mapping can be paged out under pressure, a copy cannot.
