@@ -119,6 +119,10 @@ public:
     const std::vector<TensorInfo>& tensors() const { return tensors_; }
     const TensorInfo* find_tensor(std::string_view name) const;
 
+    // MappedFile::release_pages over every split's mapping: for tensor bytes
+    // a reader has copied. A File parsed from memory releases nothing.
+    void release_pages(const void* p, size_t n) const;
+
 private:
     File() = default;
     struct Split;

@@ -6,8 +6,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <cstdint>
 #include <utility>
 
 namespace tern::gguf {
@@ -30,6 +32,18 @@ void MappedFile::release() {
     if (data_) munmap(const_cast<uint8_t*>(data_), size_);
     data_ = nullptr;
     size_ = 0;
+}
+
+void MappedFile::release_pages(const void* p, size_t n) const {
+    if (!data_ || !p || n == 0) return;
+    const auto page = uintptr_t(sysconf(_SC_PAGESIZE));
+    const auto at = reinterpret_cast<uintptr_t>(p), base = reinterpret_cast<uintptr_t>(data_);
+    const uintptr_t lo = std::max(at, base);
+    const uintptr_t hi = std::min(at + std::min<uintptr_t>(n, UINTPTR_MAX - at), base + size_);
+    const uintptr_t first = (lo + page - 1) / page * page, last = hi / page * page;
+    // A private mapping never written holds the file's pages only, so dropping
+    // them loses nothing; advice, so a failure changes nothing either.
+    if (first < last) madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }
 
 Result<MappedFile> MappedFile::open(const std::string& path) {

@@ -27,6 +27,13 @@ public:
     const uint8_t* data() const { return data_; }
     size_t size() const { return size_; }
 
+    // Lets go of this process's pages of the whole pages within [p, p + n)
+    // that lie in the mapping (nothing else): the bytes stay in the page
+    // cache, and a later read of them faults them back in unchanged. For a
+    // reader done with bytes it has copied, so that the process does not
+    // hold them twice.
+    void release_pages(const void* p, size_t n) const;
+
 private:
     void release();
     const uint8_t* data_ = nullptr;

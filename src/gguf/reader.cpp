@@ -590,6 +590,10 @@ std::optional<std::string> File::get_string(std::string_view key) const {
     return *v->as_string();
 }
 
+void File::release_pages(const void* p, size_t n) const {
+    for (const auto& split : splits_) split->map.release_pages(p, n);
+}
+
 const TensorInfo* File::find_tensor(std::string_view name) const {
     auto it = tensor_index_.find(name);
     return it == tensor_index_.end() ? nullptr : &tensors_[it->second];

@@ -312,7 +312,8 @@ const backend::Weight* rope_factors(const Model& m, int n_ctx) {
     return nullptr;
 }
 
-Result<Model> register_model(const Model& described, backend::Backend& be, const LoadProgress& progress) {
+Result<Model> register_model(const Model& described, backend::Backend& be, const LoadProgress& progress,
+                             const gguf::File* source) {
     Model m = described;
     const size_t total_bytes = model_bytes(described);
     const bool tied = same_view(m.output, m.token_embd);
@@ -325,6 +326,8 @@ Result<Model> register_model(const Model& described, backend::Backend& be, const
         }
         auto r = be.register_weight(*w);
         if (!r.ok()) return r.error();
+        if (source && w->rows > 1 && r->host != w->host)
+            source->release_pages(w->host, size_t(w->rows - 1) * w->row_bytes + quant::row_bytes(w->type, w->cols));
         *w = std::move(*r);
         done_bytes += weight_bytes(*w);
         if (progress) progress(done_bytes, total_bytes);
@@ -335,7 +338,7 @@ Result<Model> register_model(const Model& described, backend::Backend& be, const
 Result<Model> load_model(const gguf::File& f, backend::Backend& be, const LoadProgress& progress) {
     auto m = describe_model(f);
     if (!m.ok()) return m.error();
-    return register_model(*m, be, progress);
+    return register_model(*m, be, progress, &f);
 }
 
 }  // namespace tern::model

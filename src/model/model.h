@@ -105,8 +105,12 @@ size_t model_bytes(const Model& described);
 const backend::Weight* rope_factors(const Model& m, int n_ctx);
 
 // Registers every weight of a described model (or of a tensor-parallel shard
-// of one) with the backend, calling `progress` (if given) after each.
-Result<Model> register_model(const Model& described, backend::Backend& be, const LoadProgress& progress = {});
+// of one) with the backend, calling `progress` (if given) after each. With
+// `source`, the file the described weights map: where the backend copied a
+// matrix (its registered bytes are elsewhere), the file's pages of it are let
+// go as it goes (gguf::File::release_pages), so a model is not held twice.
+Result<Model> register_model(const Model& described, backend::Backend& be, const LoadProgress& progress = {},
+                             const gguf::File* source = nullptr);
 
 // describe_model, then register_model: a bad file fails before a backend
 // copies anything.

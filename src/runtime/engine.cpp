@@ -147,7 +147,7 @@ Result<std::unique_ptr<Engine>> Engine::open(const std::string& path, const Engi
                                                              : 0;
 
     if (options.tp == 1) {
-        auto m = model::register_model(*described, *e->backend_, progress);
+        auto m = model::register_model(*described, *e->backend_, progress, e->file_.get());
         if (!m.ok()) return m.error();
         e->model_ = std::move(*m);
         auto fwd = model::Forward::create(e->model_, *e->backend_, max_batch, options.n_slots, n_ctx, kv_pages);

@@ -252,6 +252,52 @@ TEST(GgufRoundTrip, HeldAndStreamedDataMix) {
     }
 }
 
+// release_pages lets go of a mapping's pages and nothing else: a mapped
+// file's tensors read back unchanged (the pages fault back in from the
+// file), and a File parsed from memory leaves that memory alone (dropping
+// anonymous pages would zero them).
+TEST(GgufRoundTrip, ReleasedPagesReadBackUnchanged) {
+    const uint64_t seed = testing::test_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937_64 rng(seed);
+    TempDir dir;
+    Writer w(4096);
+    std::vector<std::vector<uint8_t>> data;
+    for (int k = 0; k < 3; ++k) {
+        std::vector<uint8_t> bytes(4 * (5000 + rng() % 20000));  // several pages, a ragged end
+        for (uint8_t& b : bytes) b = uint8_t(rng());
+        ASSERT_TRUE(w.add_tensor("t" + std::to_string(k), TensorType::F32, {int64_t(bytes.size() / 4)}, bytes));
+        data.push_back(std::move(bytes));
+    }
+    const std::string path = dir.file("release.gguf");
+    ASSERT_TRUE(w.begin(path));
+    ASSERT_TRUE(w.finish());
+
+    auto f = File::open(path);
+    ASSERT_TRUE(f) << f.error().message;
+    auto check = [&](const File& file, const std::string& what) {
+        for (size_t k = 0; k < data.size(); ++k) {
+            const TensorInfo& t = file.tensors()[k];
+            EXPECT_EQ(std::vector<uint8_t>(t.data, t.data + t.n_bytes), data[k]) << what << ", tensor " << k;
+        }
+    };
+    check(**f, "mapped, before");
+    const TensorInfo& middle = (*f)->tensors()[1];
+    (*f)->release_pages(middle.data, middle.n_bytes);
+    (*f)->release_pages(middle.data + 1, 3);             // less than a page: nothing
+    (*f)->release_pages(data[0].data(), data[0].size());  // not in the mapping: nothing
+    check(**f, "mapped, after");
+    const TensorInfo& first = (*f)->tensors()[0];
+    (*f)->release_pages(first.data - 100, size_t(-1) / 2);  // past both ends: the mapping's part
+    check(**f, "mapped, after releasing it all");
+
+    std::vector<uint8_t> image = testing::read_bytes(path);
+    auto m = File::parse(image.data(), image.size(), "image");
+    ASSERT_TRUE(m) << m.error().message;
+    for (const TensorInfo& t : (*m)->tensors()) (*m)->release_pages(t.data, t.n_bytes);
+    check(**m, "parsed from memory");
+}
+
 TEST(GgufWriter, RefusesBadTensors) {
     Writer w;
     EXPECT_FALSE(w.add_tensor("a", TensorType(4), {32}));           // removed type id

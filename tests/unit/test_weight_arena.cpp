@@ -30,7 +30,8 @@ TEST(WeightArena, CopiesAreExactAlignedAndApart) {
     std::vector<std::vector<uint8_t>> sources;
     std::vector<const uint8_t*> copies;
     // Small ones share a chunk; one larger than a chunk takes its own.
-    for (size_t n : {size_t(1), size_t(63), size_t(4097), size_t(300) << 20, size_t(100)}) {
+    // (Copies of more than 2 MiB are split among threads; one ends ragged.)
+    for (size_t n : {size_t(1), size_t(63), size_t(4097), (size_t(5) << 20) + 123, size_t(300) << 20, size_t(100)}) {
         sources.push_back(random_bytes(rng, n));
         const auto* c = static_cast<const uint8_t*>(arena.copy(sources.back().data(), n));
         ASSERT_NE(c, nullptr) << n;
