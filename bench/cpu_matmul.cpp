@@ -1,6 +1,6 @@
 // CPU matmul throughput (Google Benchmark): tokens/s and GB/s of weight bytes
 // read, per (weight type, SIMD path, shape, tokens per call, threads). Shapes:
-// 4096 x 4096 (a 7B-class projection) and 576 x 1536 (the FFN down projection
+// 4096 x 4096 (a 7B-class projection), 576 x 1536 and 1536 x 576 (the FFN down and gate/up projections
 // of a 135M model). One-token calls are bandwidth-bound, so GB/s against the
 // machine's bandwidth is the number to quote; many-token calls (prefill) are
 // compute-bound, so tokens/s is.
@@ -86,7 +86,7 @@ const int kRegistered = [] {
                                 TensorType::Q5_K, TensorType::Q6_K, TensorType::Q3_K, TensorType::Q2_K,
                                 TensorType::Q5_0, TensorType::Q5_1, TensorType::F16};
     const quant::SimdPath paths[] = {quant::SimdPath::scalar, quant::SimdPath::avx2, quant::SimdPath::avx512};
-    const Shape shapes[] = {{4096, 4096}, {576, 1536}};
+    const Shape shapes[] = {{4096, 4096}, {576, 1536}, {1536, 576}};
     for (TensorType t : types)
         for (quant::SimdPath p : paths)
             for (Shape shape : shapes)

@@ -237,20 +237,19 @@ TEST(Matmul, GroupedActivationsForKquantWeightsOnly) {
 }
 
 // The CPU backend's matmul_shared, with K-quant and legacy matrices on one
-// input and grouped_kquant_acts on: each target gets the bits of matmul()
-// under the same option (so the shared input is quantized per grouping).
-TEST(Matmul, BackendSharedInputKeepsEachMatrixsGrouping) {
-    std::mt19937 rng(seed() + 15);
-    SCOPED_TRACE("seed " + std::to_string(seed()));
-    const int64_t cols = 512, n = 5;
+// input, with and without grouped_kquant_acts, for several tokens and for one
+// (one quantization and one parallel loop where the matrices share a
+// grouping): each target gets the bits of matmul() under the same option.
+void check_shared_input(std::mt19937& rng, bool group_kquants, int64_t n) {
+    const int64_t cols = 512;
     MatmulOptions grouped;
-    grouped.grouped_kquant_acts = true;
+    grouped.grouped_kquant_acts = group_kquants;
     const TensorType types[] = {TensorType::Q4_K, TensorType::Q8_0, TensorType::Q6_K, TensorType::Q4_0};
     std::vector<Matrix> ms;
     for (TensorType t : types) ms.push_back(make_matrix(rng, t, 19, cols));
     const std::vector<float> x = random_acts(rng, n * cols);
 
-    auto be = backend::make_cpu_backend(1, nullptr, 0, /*grouped_kquant_acts=*/true);
+    auto be = backend::make_cpu_backend(1, nullptr, 0, group_kquants);
     std::vector<Weight> ws;
     for (const Matrix& m : ms) {
         auto w = be->register_weight(m.w);
@@ -274,6 +273,67 @@ TEST(Matmul, BackendSharedInputKeepsEachMatrixsGrouping) {
         be->download(ys[i], got.data());
         expect_same_bits(got, run(ms[i].w, x, n, grouped), "matmul_shared vs matmul");
     }
+}
+
+TEST(Matmul, BackendSharedInputKeepsEachMatrixsGrouping) {
+    std::mt19937 rng(seed() + 15);
+    SCOPED_TRACE("seed " + std::to_string(seed()));
+    for (const bool group_kquants : {true, false})
+        for (const int64_t n : {int64_t(5), int64_t(1)}) {
+            SCOPED_TRACE(std::string(group_kquants ? "grouped" : "plain") + ", tokens " + std::to_string(n));
+            check_shared_input(rng, group_kquants, n);
+            if (::testing::Test::HasFatalFailure()) return;
+        }
+}
+
+// One token into several weights in one parallel loop: every output has the
+// bits of matmul_q8a on that weight alone (ragged row counts, padded rows,
+// one and two threads, poisoned outputs); what it cannot serve it refuses
+// without writing.
+TEST(Matmul, OneTokenIntoSeveralWeightsKeepsEachWeightsBits) {
+    std::mt19937 rng(seed() + 16);
+    SCOPED_TRACE("seed " + std::to_string(seed()));
+    const int64_t cols = 512;
+    const TensorType types[] = {TensorType::Q4_1, TensorType::Q8_0, TensorType::Q4_K, TensorType::Q6_K};
+    const int64_t rows[] = {37, 1, 70, 40};  // enough work for two threads to split
+    std::vector<Matrix> ms;
+    for (size_t i = 0; i < std::size(types); ++i)
+        ms.push_back(make_matrix(rng, types[i], rows[i], cols, types[i] == TensorType::Q6_K ? 14 : 0));
+    const std::vector<float> x = random_acts(rng, cols);
+    std::vector<block_q8a> xq(static_cast<size_t>(cols / 32));
+    ASSERT_TRUE(backend::cpu::quantize_activations(x.data(), 1, cols, xq.data()).ok());
+    for (int threads : {1, 2}) {
+        for (SimdPath path : available_paths()) {
+            SCOPED_TRACE(std::string(simd_path_name(path)) + ", threads " + std::to_string(threads));
+            MatmulOptions opt;
+            opt.path = path;
+            opt.n_threads = threads;
+            std::vector<std::vector<float>> got;
+            std::vector<backend::cpu::Q8aTarget> targets;
+            for (const Matrix& m : ms) got.push_back(poisoned(m.w.rows));
+            for (size_t i = 0; i < ms.size(); ++i) targets.push_back({&ms[i].w, got[i].data()});
+            const bool served = backend::cpu::matmul_q8a_one_token(targets.data(), int(targets.size()), xq.data(), opt);
+            // The scalar path has no many-row kernel: refused, nothing written.
+            EXPECT_EQ(served, path != SimdPath::scalar);
+            for (size_t i = 0; i < ms.size(); ++i) {
+                SCOPED_TRACE(name(types[i]));
+                std::vector<float> want = poisoned(ms[i].w.rows);
+                if (served) {
+                    ASSERT_TRUE(backend::cpu::matmul_q8a(ms[i].w, xq.data(), 1, want.data(), opt).ok());
+                }
+                expect_same_bits(got[i], want, "one loop vs one call a weight");
+            }
+        }
+    }
+    // Refused: no targets, too many, a float weight; nothing written.
+    const Matrix f = make_matrix(rng, TensorType::F16, 5, cols);
+    std::vector<float> out = poisoned(5);
+    const backend::cpu::Q8aTarget float_target{&f.w, out.data()};
+    EXPECT_FALSE(backend::cpu::matmul_q8a_one_token(&float_target, 1, xq.data()));
+    EXPECT_FALSE(backend::cpu::matmul_q8a_one_token(&float_target, 0, xq.data()));
+    const backend::cpu::Q8aTarget five[5] = {float_target, float_target, float_target, float_target, float_target};
+    EXPECT_FALSE(backend::cpu::matmul_q8a_one_token(five, 5, xq.data()));
+    for (float v : out) EXPECT_TRUE(std::isnan(v));
 }
 
 TEST(Matmul, LargeShapeAgreesWithDoubleReference) {

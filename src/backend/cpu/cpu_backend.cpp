@@ -128,6 +128,7 @@ public:
     // Integer-kernel matrices share one quantization of x, made again only
     // when a matrix reads the other grouping (cpu::reads_grouped_acts).
     void matmul_shared(Tensor x, std::initializer_list<MatmulTarget> targets) override {
+        if (x.rows == 1 && one_token_shared(x, targets)) return;
         std::optional<bool> quantized;  // the grouping shared_xq_ holds for x
         for (const MatmulTarget& t : targets) {
             if (!quant::dot_int_type(t.w->type) || x.cols % quant::QK8A != 0) {
@@ -149,6 +150,32 @@ public:
             if (Status s = cpu::matmul_q8a(*t.w, shared_xq_.data(), x.rows, t.y.data, matmul_opt_); !s.ok()) note(s);
             if (t.bias) add_bias(t.y, *t.bias);
         }
+    }
+
+    // One token into weights of integer types that read the same grouping:
+    // one quantization and one parallel loop over all their row tiles
+    // (matmul_q8a_one_token); false, having done nothing, otherwise.
+    bool one_token_shared(Tensor x, std::initializer_list<MatmulTarget> targets) {
+        cpu::Q8aTarget parts[4];
+        int n = 0;
+        std::optional<bool> grouped;
+        if (targets.size() > std::size(parts) || x.cols % quant::QK8A != 0) return false;
+        for (const MatmulTarget& t : targets) {
+            const bool g = cpu::reads_grouped_acts(t.w->type, matmul_opt_);
+            if (!quant::dot_int_type(t.w->type) || t.w->cols != x.cols || (grouped && *grouped != g)) return false;
+            grouped = g;
+            parts[n++] = cpu::Q8aTarget{t.w, t.y.data};
+        }
+        try {
+            shared_xq_.resize(size_t(x.cols / quant::QK8A));
+        } catch (const std::bad_alloc&) {
+            return false;
+        }
+        if (!cpu::quantize_activations(x.data, 1, x.cols, shared_xq_.data(), matmul_opt_, *grouped).ok()) return false;
+        if (!cpu::matmul_q8a_one_token(parts, n, shared_xq_.data(), matmul_opt_)) return false;
+        for (const MatmulTarget& t : targets)
+            if (t.bias) add_bias(t.y, *t.bias);
+        return true;
     }
 
     void rope(Tensor x, int n_heads, int head_dim, const RopeParams& rope) override {

@@ -202,6 +202,45 @@ Status matmul_q8a(const Weight& w, const quant::block_q8a* xq, int64_t n_tokens,
     return {};
 }
 
+bool matmul_q8a_one_token(const Q8aTarget* targets, int n, const quant::block_q8a* xq, const MatmulOptions& opt) {
+    constexpr int kMaxTargets = 4;
+    if (n < 1 || n > kMaxTargets || !xq) return false;
+    auto path = pick_path(opt);
+    if (!path.ok()) return false;
+    struct Part {
+        const uint8_t* base;
+        size_t stride;
+        int64_t rows, cols;
+        quant::DotRowsFn dot;
+        float* out;
+        int64_t first_tile;  // its row tiles' place in the loop
+    };
+    Part parts[kMaxTargets];
+    int64_t tiles = 0, work = 0;
+    for (int i = 0; i < n; ++i) {
+        const Weight& w = *targets[i].w;
+        auto stride = check_weight(w, "matmul");
+        if (!stride.ok() || !quant::dot_int_type(w.type) || !targets[i].out) return false;
+        const quant::DotRowsFn dot = quant::dot_rows_kernel(w.type, *path);
+        if (!dot) return false;
+        parts[i] = Part{static_cast<const uint8_t*>(w.host), *stride, w.rows, w.cols, dot, targets[i].out, tiles};
+        tiles += (w.rows + kRowsPerTile - 1) / kRowsPerTile;
+        work += w.rows * w.cols;
+    }
+    const int threads = thread_count(opt);
+    const bool parallel = threads > 1 && tiles > 1 && work >= kSerialWork;
+#pragma omp parallel for schedule(static) num_threads(threads) if (parallel)
+    for (int64_t i = 0; i < tiles; ++i) {
+        int p = n - 1;
+        while (i < parts[p].first_tile) --p;
+        const Part& t = parts[p];
+        // The tile matmul_q8a gives this weight: rows r0..r1 of its own.
+        const int64_t r0 = (i - t.first_tile) * kRowsPerTile, r1 = std::min(r0 + kRowsPerTile, t.rows);
+        t.dot(t.base + size_t(r0) * t.stride, t.stride, r1 - r0, xq, t.cols, t.out + r0);
+    }
+    return true;
+}
+
 Status matmul(const Weight& w, const float* x, int64_t n_tokens, float* out, const MatmulOptions& opt) {
     auto stride = check_weight(w, "matmul");
     if (!stride.ok()) return stride.error();

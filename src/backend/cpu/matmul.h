@@ -45,6 +45,18 @@ Status matmul(const Weight& w, const float* x, int64_t n_tokens, float* out, con
 Status matmul_q8a(const Weight& w, const quant::block_q8a* xq, int64_t n_tokens, float* out,
                   const MatmulOptions& opt = {});
 
+// One token's matmul_q8a into several weights that read the same activations
+// (q/k/v, gate/up): the same bits as one call each, with every weight's row
+// tiles in one parallel loop, so a layer's threads meet once for them, not
+// once a matrix. Returns false, computing nothing, where a weight takes
+// another path (a type without a many-row one-token kernel, a bad view);
+// the caller then makes one call each.
+struct Q8aTarget {
+    const Weight* w;
+    float* out;  // w->rows floats
+};
+bool matmul_q8a_one_token(const Q8aTarget* targets, int n, const quant::block_q8a* xq, const MatmulOptions& opt = {});
+
 // x [n_tokens][cols] -> xq, cols a multiple of 32; threads over tokens.
 // grouped: one scale per 256 elements (reads_grouped_acts).
 Status quantize_activations(const float* x, int64_t n_tokens, int64_t cols, quant::block_q8a* xq,
