@@ -128,8 +128,8 @@ public:
     // Integer-kernel matrices share one quantization of x, made again only
     // when a matrix reads the other grouping (cpu::reads_grouped_acts).
     void matmul_shared(Tensor x, std::initializer_list<MatmulTarget> targets) override {
-        if (x.rows == 1 && one_token_shared(x, targets)) return;
         std::optional<bool> quantized;  // the grouping shared_xq_ holds for x
+        if (x.rows == 1 && one_token_shared(x, targets, quantized)) return;
         for (const MatmulTarget& t : targets) {
             if (!quant::dot_int_type(t.w->type) || x.cols % quant::QK8A != 0) {
                 matmul(*t.w, x, t.y, t.bias);
@@ -154,8 +154,9 @@ public:
 
     // One token into weights of integer types that read the same grouping:
     // one quantization and one parallel loop over all their row tiles
-    // (matmul_q8a_one_token); false, having done nothing, otherwise.
-    bool one_token_shared(Tensor x, std::initializer_list<MatmulTarget> targets) {
+    // (matmul_q8a_one_token); false otherwise, with `quantized` set where x
+    // was quantized already, so the caller's matrix-by-matrix loop reuses it.
+    bool one_token_shared(Tensor x, std::initializer_list<MatmulTarget> targets, std::optional<bool>& quantized) {
         cpu::Q8aTarget parts[4];
         int n = 0;
         std::optional<bool> grouped;
@@ -172,6 +173,7 @@ public:
             return false;
         }
         if (!cpu::quantize_activations(x.data, 1, x.cols, shared_xq_.data(), matmul_opt_, *grouped).ok()) return false;
+        quantized = grouped;
         if (!cpu::matmul_q8a_one_token(parts, n, shared_xq_.data(), matmul_opt_)) return false;
         for (const MatmulTarget& t : targets)
             if (t.bias) add_bias(t.y, *t.bias);
