@@ -23,6 +23,7 @@
 #include "backend/cuda/ops.h"
 #include "base/fp16.h"
 #include "gpu_test_util.h"
+#include "tests/support/test_seed.h"
 
 namespace tern {
 namespace {
@@ -45,7 +46,7 @@ protected:
     float uniform(float lo, float hi) { return std::uniform_real_distribution<float>(lo, hi)(rng_); }
     int uniform_int(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng_); }
 
-    const uint32_t seed_ = std::random_device{}();
+    const uint32_t seed_ = tern::test::run_seed();
     std::mt19937 rng_{seed_};
 };
 

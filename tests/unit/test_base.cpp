@@ -7,6 +7,7 @@
 
 #include "base/fp16.h"
 #include "base/result.h"
+#include "tests/support/test_seed.h"
 
 namespace {
 
@@ -26,8 +27,7 @@ TEST(Fp16, EveryHalfRoundTripsThroughFloat) {
 
 #if defined(__FLT16_MAX__)
 TEST(Fp16, MatchesCompilerConversionOnRandomFloats) {
-    std::random_device rd;
-    const unsigned seed = rd();
+    const unsigned seed = tern::test::run_seed();
     std::mt19937 rng(seed);
     std::uniform_int_distribution<uint32_t> bits;
     for (int i = 0; i < 2'000'000; ++i) {

@@ -16,6 +16,7 @@
 
 #include "text/chat_format.h"
 #include "text/chat_template.h"
+#include "tests/support/test_seed.h"
 
 namespace {
 
@@ -373,8 +374,7 @@ TEST(ChatTemplate, SystemAfterTheFirstMessageOnlyWhereTheFormatHasASystemTurn) {
 // succeeds, and each message's text appears in order, verbatim or (for the
 // families whose template trims) trimmed.
 TEST(ChatTemplate, RandomConversationsKeepEveryMessageInOrder) {
-    std::random_device rd;
-    const unsigned seed = rd();
+    const unsigned seed = tern::test::run_seed();
     SCOPED_TRACE("seed " + std::to_string(seed));
     std::mt19937 rng(seed);
     const char* const pieces[] = {"word", " ", "\n", "\t", "\xe3\x80\x80", "<|im_end|>", "[INST]",

@@ -23,6 +23,7 @@
 #include "runtime/engine.h"
 #include "tests/support/forwarding_backend.h"
 #include "tests/support/test_shapes.h"
+#include "tests/support/test_seed.h"
 
 namespace tern {
 namespace {
@@ -85,8 +86,7 @@ TEST(ChooseBackend, UnknownNamesListTheAcceptedOnes) {
 }
 
 TEST(CheckGpu, SaysWhyAGpuCannotBeUsed) {
-    std::random_device rd;
-    const uint32_t seed = rd();
+    const uint32_t seed = tern::test::run_seed() + 1;
     std::mt19937 rng(seed);
     SCOPED_TRACE("seed " + std::to_string(seed));
     const int n = std::uniform_int_distribution<int>(1, 8)(rng);
@@ -153,8 +153,7 @@ std::string write_synth(std::mt19937_64& rng, bool qwen2, const std::string& tag
 }
 
 TEST(LoadProgress, OneReportPerWeightAddingUpToTheTotal) {
-    std::random_device rd;
-    const uint64_t seed = (uint64_t(rd()) << 32) | rd();
+    const uint64_t seed = tern::test::run_seed() + 2;
     std::mt19937_64 rng(seed);
     SCOPED_TRACE("seed " + std::to_string(seed));
     for (bool qwen2 : {false, true}) {
@@ -189,8 +188,7 @@ TEST(LoadProgress, OneReportPerWeightAddingUpToTheTotal) {
 
 // A file with a bad tensor fails before the backend sees any weight.
 TEST(LoadProgress, ABadFileRegistersNothing) {
-    std::random_device rd;
-    const uint64_t seed = (uint64_t(rd()) << 32) | rd();
+    const uint64_t seed = tern::test::run_seed() + 3;
     std::mt19937_64 rng(seed);
     SCOPED_TRACE("seed " + std::to_string(seed));
     SynthFile f{write_synth(rng, false, "whole")};
@@ -229,8 +227,7 @@ TEST(LoadProgress, ABadFileRegistersNothing) {
 class EngineBackend : public ::testing::Test {
 protected:
     static void SetUpTestSuite() {
-        std::random_device rd;
-        std::mt19937_64 rng((uint64_t(rd()) << 32) | rd());
+        std::mt19937_64 rng(tern::test::run_seed() + 4);
         file_ = new SynthFile{write_synth(rng, false, "engine")};
     }
     static void TearDownTestSuite() {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "gguf/gguf.h"
+#include "tests/support/test_seed.h"
 
 namespace tern::gguf::testing {
 
@@ -141,8 +142,7 @@ inline std::string parse_error(const std::vector<uint8_t>& bytes, const std::str
 // Fresh randomness each run; tests print the seed so a failure can be replayed
 // by setting TERN_TEST_SEED.
 inline uint64_t test_seed() {
-    if (const char* s = std::getenv("TERN_TEST_SEED")) return std::strtoull(s, nullptr, 10);
-    return (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
+    return tern::test::run_seed();
 }
 
 // A fresh directory, removed when the object dies.

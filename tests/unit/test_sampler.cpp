@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "runtime/sampler.h"
+#include "tests/support/test_seed.h"
 
 namespace {
 
@@ -27,8 +28,7 @@ constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 struct FreshSeed {
     uint64_t value;
     FreshSeed() {
-        std::random_device rd;
-        value = (uint64_t(rd()) << 32) ^ rd();
+        value = tern::test::run_seed();
     }
 };
 #define TRACE_SEED(s) SCOPED_TRACE("seed " + std::to_string((s).value))

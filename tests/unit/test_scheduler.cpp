@@ -105,7 +105,7 @@ void wait_until(F cond) {
 }
 
 TEST(Scheduler, TogetherEqualsAlone) {
-    const uint64_t seed = std::random_device{}();
+    const uint64_t seed = tern::test::run_seed() + 11;
     SCOPED_TRACE("seed " + std::to_string(seed));
     std::mt19937_64 rng(seed);
     // max_batch 16 forces prompts of up to 60 tokens to be chunked across steps.
@@ -180,7 +180,7 @@ TEST(Scheduler, TogetherEqualsAlone) {
 // decoding sequences not yet timed alone first runs a step without prompt
 // tokens: the outputs stay those of the requests alone, and every request ends.
 TEST(Scheduler, WithAPromptBudgetTogetherEqualsAlone) {
-    const uint64_t seed = std::random_device{}();
+    const uint64_t seed = tern::test::run_seed() + 12;
     SCOPED_TRACE("seed " + std::to_string(seed));
     std::mt19937_64 rng(seed);
     auto engine = open_engine(4, 128, 64);
@@ -213,7 +213,7 @@ TEST(Scheduler, WithAPromptBudgetTogetherEqualsAlone) {
 TEST(Scheduler, CancelFreesTheSlot) {
     auto engine = open_engine(1, 256, 32);
     ASSERT_TRUE(engine);
-    std::mt19937_64 rng(std::random_device{}());
+    std::mt19937_64 rng(tern::test::run_seed() + 13);
     Scheduler s(*engine, {});
     std::promise<void> release;
     Pending a = submit(s, random_prompt(rng, engine->n_vocab(), 8), greedy(200), release.get_future().share());
@@ -239,7 +239,7 @@ TEST(Scheduler, CancelFreesTheSlot) {
 TEST(Scheduler, FullQueueRejects) {
     auto engine = open_engine(1, 256, 32);
     ASSERT_TRUE(engine);
-    std::mt19937_64 rng(std::random_device{}());
+    std::mt19937_64 rng(tern::test::run_seed() + 14);
     SchedulerOptions so;
     so.max_queue = 2;
     Scheduler s(*engine, so);
@@ -263,7 +263,7 @@ TEST(Scheduler, FullQueueRejects) {
 TEST(Scheduler, ZeroQueueStillFillsFreeSlots) {
     auto engine = open_engine(2, 256, 32);
     ASSERT_TRUE(engine);
-    std::mt19937_64 rng(std::random_device{}());
+    std::mt19937_64 rng(tern::test::run_seed() + 15);
     SchedulerOptions so;
     so.max_queue = 0;
     Scheduler s(*engine, so);
@@ -286,7 +286,7 @@ TEST(Scheduler, ZeroQueueStillFillsFreeSlots) {
 TEST(Scheduler, RejectsPromptsThatDoNotFit) {
     auto engine = open_engine(2, 64, 32);
     ASSERT_TRUE(engine);
-    std::mt19937_64 rng(std::random_device{}());
+    std::mt19937_64 rng(tern::test::run_seed() + 16);
     Scheduler s(*engine, {});
     Pending p = submit(s, random_prompt(rng, engine->n_vocab(), 64), greedy(4));
     EXPECT_EQ(p.submitted.admission, Admission::Invalid);
@@ -311,7 +311,7 @@ TEST(Scheduler, RejectsPromptsThatDoNotFit) {
 // youngest pause and resume, fed again with what they had. Every output is
 // the one the sequence gives alone in a pool that holds everything.
 TEST(Scheduler, SmallPoolPausesAndResumesWithTheSameOutputs) {
-    const uint64_t seed = test::run_seed();
+    const uint64_t seed = tern::test::run_seed();
     SCOPED_TRACE("seed " + std::to_string(seed));
     std::mt19937_64 rng(seed);
     auto roomy = open_engine(4, 128, 32);
@@ -358,7 +358,7 @@ TEST(Scheduler, SmallPoolPausesAndResumesWithTheSameOutputs) {
 // A prompt whose start another prompt computed maps its kept pages: only
 // the rest is evaluated, and the output is the one it gets computed whole.
 TEST(Scheduler, SharedPrefixReusesPages) {
-    const uint64_t seed = test::run_seed() + 1;
+    const uint64_t seed = tern::test::run_seed() + 1;
     SCOPED_TRACE("seed " + std::to_string(seed));
     std::mt19937_64 rng(seed);
     auto engine = open_engine(2, 256, 64);

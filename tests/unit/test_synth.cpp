@@ -21,11 +21,12 @@
 #include "gguf/gguf.h"
 #include "model/synth.h"
 #include "quant/quant.h"
+#include "tests/support/test_seed.h"
 
 namespace tern::model {
 namespace {
 
-uint64_t fresh_seed() { return std::random_device{}() | (uint64_t(std::random_device{}()) << 32); }
+uint64_t fresh_seed() { return tern::test::run_seed(); }
 
 uint64_t param_count(const SynthShape& s) {
     uint64_t n = 0;

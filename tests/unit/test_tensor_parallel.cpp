@@ -26,14 +26,14 @@
 #include "quant/quant.h"
 #include "runtime/engine.h"
 #include "tests/support/test_shapes.h"
+#include "tests/support/test_seed.h"
 
 namespace {
 
 using namespace tern;
 
 uint64_t fresh_seed() {
-    std::random_device rd;
-    return (uint64_t(rd()) << 32) | rd();
+    return tern::test::run_seed();
 }
 
 // ---- the plan, on models described by their weights' types and shapes only ----

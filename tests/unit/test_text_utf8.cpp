@@ -6,6 +6,7 @@
 #include <random>
 
 #include "text/utf8.h"
+#include "tests/support/test_seed.h"
 
 using namespace tern::text;
 
@@ -131,7 +132,7 @@ static size_t reference_incomplete_tail(const std::string& s) {
 }
 
 TEST(TextUtf8, RandomBytesAgreeWithReference) {
-    const uint32_t seed = std::random_device{}();
+    const uint32_t seed = tern::test::run_seed() + 1;
     SCOPED_TRACE("seed " + std::to_string(seed));
     std::mt19937 rng(seed);
     // Bias towards bytes that make interesting sequences.

@@ -14,6 +14,7 @@
 #include "text/bpe.h"
 #include "text/tokenizer.h"
 #include "text/vocab.h"
+#include "tests/support/test_seed.h"
 
 namespace tern::text::testing_util {
 
@@ -72,7 +73,7 @@ inline std::string test_model_path(std::string* error) {
     return path;
 }
 
-inline uint32_t fresh_seed() { return std::random_device{}(); }
+inline uint32_t fresh_seed() { return tern::test::run_seed(); }
 
 // Random text drawn from pieces (whole characters, words, whitespace), so it
 // exercises the interesting boundaries rather than being mostly noise.

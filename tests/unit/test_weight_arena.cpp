@@ -14,6 +14,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/weight_arena.h"
 #include "quant/quant.h"
+#include "tests/support/test_seed.h"
 
 namespace tern {
 namespace {
@@ -25,7 +26,7 @@ std::vector<uint8_t> random_bytes(std::mt19937& rng, size_t n) {
 }
 
 TEST(WeightArena, CopiesAreExactAlignedAndApart) {
-    std::mt19937 rng(std::random_device{}());
+    std::mt19937 rng(tern::test::run_seed() + 1);
     backend::cpu::WeightArena arena(size_t(1) << 30);
     std::vector<std::vector<uint8_t>> sources;
     std::vector<const uint8_t*> copies;
@@ -85,7 +86,7 @@ backend::Weight q4_1_matrix(const std::vector<uint8_t>& bytes, int64_t rows, int
 }
 
 TEST(CpuBackendWeights, MatricesAreCopiedViewsAtTheirStrideVectorsAreNot) {
-    std::mt19937 rng(std::random_device{}());
+    std::mt19937 rng(tern::test::run_seed() + 2);
     const int64_t rows = 7, cols = 256;
     const size_t rb = quant::row_bytes(TensorType::Q4_1, cols);
     const std::vector<uint8_t> bytes = random_bytes(rng, rb * size_t(rows));
@@ -126,7 +127,7 @@ TEST(CpuBackendWeights, MatricesAreCopiedViewsAtTheirStrideVectorsAreNot) {
 }
 
 TEST(CpuBackendWeights, SwitchedOffTheyAreReadInPlace) {
-    std::mt19937 rng(std::random_device{}());
+    std::mt19937 rng(tern::test::run_seed() + 3);
     const std::vector<uint8_t> bytes = random_bytes(rng, quant::row_bytes(TensorType::Q4_1, 64) * 3);
     ASSERT_EQ(setenv("TERN_CPU_WEIGHT_COPY", "0", 1), 0);
     auto be = backend::make_cpu_backend(1);
