@@ -258,6 +258,10 @@ public:
 // What register_weight() takes.
 Result<Weight> describe_weight(const gguf::TensorInfo& t);
 
+// The host bytes a weight's rows occupy, first row to the end of the last
+// row's columns (a view's rows are row_bytes apart, wider than its columns).
+size_t weight_span(const Weight& w);
+
 // The ranks of one tensor-parallel model and how they exchange partial sums.
 // Each kind of group serves one kind of backend: a host group joins CPU
 // backends (in one process, one thread per rank), an NCCL group joins CUDA

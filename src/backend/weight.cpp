@@ -21,4 +21,6 @@ Result<Weight> describe_weight(const gguf::TensorInfo& t) {
     return w;
 }
 
+size_t weight_span(const Weight& w) { return size_t(w.rows - 1) * w.row_bytes + quant::row_bytes(w.type, w.cols); }
+
 }  // namespace tern::backend

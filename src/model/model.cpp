@@ -327,7 +327,7 @@ Result<Model> register_model(const Model& described, backend::Backend& be, const
         auto r = be.register_weight(*w);
         if (!r.ok()) return r.error();
         if (source && w->rows > 1 && r->host != w->host)
-            source->release_pages(w->host, size_t(w->rows - 1) * w->row_bytes + quant::row_bytes(w->type, w->cols));
+            source->release_pages(w->host, backend::weight_span(*w));
         *w = std::move(*r);
         done_bytes += weight_bytes(*w);
         if (progress) progress(done_bytes, total_bytes);

@@ -62,7 +62,7 @@ public:
         }
         if (w.rows > 1) {
             // Matrices stream from huge pages where memory allows (weight_arena.h).
-            const size_t span = size_t(w.rows - 1) * w.row_bytes + quant::row_bytes(w.type, w.cols);
+            const size_t span = weight_span(w);
             if (const void* copy = arena_.copy(w.host, span)) w.host = copy;
         }
         return w;
