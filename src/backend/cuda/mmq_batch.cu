@@ -50,31 +50,33 @@ struct LaneRow;
 
 // q4_K / q5_K: header words (d, dmin; scales and mins packed as
 // quant/kquant_scales.h), then per 32-byte run r the low nibbles of sub-block
-// 2r and the high nibbles of 2r + 1.
+// 2r and the high nibbles of 2r + 1. The header is unpacked once a
+// super-block, the eight 6-bit scales and the eight mins a byte each in two
+// words apiece (a handful of word operations for all sixteen, where unpacking
+// sub-block by sub-block took several per value); a sub-block then takes its
+// scale, and its min repeated in every byte, with one byte operation each.
 struct K4Header {
-    int h[4];
+    int dm;     // d (low half) and dmin (high half), f16
+    int sc[2];  // scale of sub-block j in byte j % 4 of sc[j / 4]
+    int mn[2];  // min of sub-block j, likewise
     __device__ void load(const uint8_t* sb) {
         const int4 v = *reinterpret_cast<const int4*>(sb);  // 144 / 176-byte blocks keep 16-byte alignment
-        h[0] = v.x, h[1] = v.y, h[2] = v.z, h[3] = v.w;
+        dm = v.x;
+        // j < 4: the low six bits of bytes j (scales) and 4 + j (mins). j >= 4:
+        // the nibbles of byte 8 + j - 4 below, the top two bits of bytes j - 4
+        // (scales) and j (mins) above.
+        sc[0] = v.y & 0x3F3F3F3F;
+        mn[0] = v.z & 0x3F3F3F3F;
+        sc[1] = (v.w & 0x0F0F0F0F) | ((v.y >> 2) & 0x30303030);
+        mn[1] = ((v.w >> 4) & 0x0F0F0F0F) | ((v.z >> 2) & 0x30303030);
     }
-    __device__ float d() const { return __half2float(__ushort_as_half(uint16_t(h[0] & 0xFFFF))); }
-    __device__ float dmin() const { return __half2float(__ushort_as_half(uint16_t(uint32_t(h[0]) >> 16))); }
-    __device__ int scale(int j) const {
-        int sc, mn;
-        k4_scale_min(h[1], h[2], h[3], j, sc, mn);
-        return sc;
-    }
+    __device__ float d() const { return __half2float(__ushort_as_half(uint16_t(dm & 0xFFFF))); }
+    __device__ float dmin() const { return __half2float(__ushort_as_half(uint16_t(uint32_t(dm) >> 16))); }
+    __device__ int scale(int j) const { return (sc[j >> 2] >> (8 * (j & 3))) & 0xFF; }
+    // The min of sub-block j in every byte: one more int8 mma operand.
+    __device__ int min_bytes(int j) const { return int(__byte_perm(uint32_t(mn[j >> 2]), 0u, 0x1111u * uint32_t(j & 3))); }
     // The eight mins, a byte each, for __dp2a against the block sums.
-    __device__ int2 mins() const {
-        int m[2] = {0, 0};
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            int sc, mn;
-            k4_scale_min(h[1], h[2], h[3], j, sc, mn);
-            m[j >> 2] |= mn << (8 * (j & 3));
-        }
-        return make_int2(m[0], m[1]);
-    }
+    __device__ int2 mins() const { return make_int2(mn[0], mn[1]); }
 };
 
 template <>
@@ -356,12 +358,10 @@ struct SubBlockRows {
     __device__ __forceinline__ SubBlockRows(const LaneRow<T, WIDE>& r0, const LaneRow<T, WIDE>& r1, int jx)
         : af{r0.vals(jx, 0), r1.vals(jx, 0), r0.vals(jx, 1), r1.vals(jx, 1)} {
         if constexpr (has_min) {
-            int mn0, mn1;
-            k4_scale_min(r0.hd.h[1], r0.hd.h[2], r0.hd.h[3], jx, sc[0][0], mn0);
-            k4_scale_min(r1.hd.h[1], r1.hd.h[2], r1.hd.h[3], jx, sc[1][0], mn1);
-            sc[0][1] = sc[0][0], sc[1][1] = sc[1][0];
-            mf[0] = mf[2] = mn0 * 0x01010101;  // row g: mn in every byte
-            mf[1] = mf[3] = mn1 * 0x01010101;  // row g + 8
+            sc[0][0] = sc[0][1] = r0.hd.scale(jx);
+            sc[1][0] = sc[1][1] = r1.hd.scale(jx);
+            mf[0] = mf[2] = r0.hd.min_bytes(jx);  // row g: its min in every byte
+            mf[1] = mf[3] = r1.hd.min_bytes(jx);  // row g + 8
         } else {
             sc[0][0] = r0.scale(jx, 0), sc[0][1] = r0.scale(jx, 1);
             sc[1][0] = r1.scale(jx, 0), sc[1][1] = r1.scale(jx, 1);
