@@ -542,7 +542,6 @@ __global__ void __launch_bounds__(kThreads) mmq_batch_staged_kernel(DevWeight w,
 // bits, with no shared-memory chain and no CTA-wide barrier. Rows past the
 // matrix and tokens past n arrive as zeros: computed, never stored.
 
-constexpr int kStreamTilesPerWarp = 2;   // token tiles (of 8) a consumer warp owns
 constexpr int kStreamSmem = 100 * 1024;  // stage ring per CTA: two CTAs an SM
 
 // The registered block the copies take whole: q6_K's padded one only.
@@ -551,8 +550,12 @@ constexpr int stream_block_bytes(WType t) { return t == WType::Q4_K ? 144 : t ==
 template <WType T, bool WIDE, int NT>
 struct Stream {
     static constexpr int kTiles = NT / 8;
-    // Consumer warps per 16 rows.
-    static constexpr int kGroups = (kTiles + kStreamTilesPerWarp - 1) / kStreamTilesPerWarp;
+    // Consumer warps per 16 rows: two, each owning half the token tiles. Each
+    // warp decodes its rows' blocks itself, so more warps on the same rows
+    // repeat that decode (four of two tiles each lost 12% at 64 tokens, LOG
+    // g59), and one alone leaves too few warps to hide the latencies.
+    static constexpr int kGroups = 2;
+    static constexpr int kTilesPerWarp = (kTiles + kGroups - 1) / kGroups;
     static constexpr int kConsumers = 2 * kGroups;
     static constexpr int kThreads = 32 * (kConsumers + 1);  // and the producer
     static constexpr int kBlockBytes = stream_block_bytes(T);
@@ -586,10 +589,10 @@ __device__ __forceinline__ void tensor_copy(void* dst, const CUtensorMap& map, i
 // tiles th, th + kGroups; each output's term chained into acc.
 template <WType T, bool WIDE, int NT>
 __device__ __forceinline__ void stream_super_block(const unsigned char* st, int mi, int th,
-                                                   float (&acc)[kStreamTilesPerWarp][4]) {
+                                                   float (&acc)[Stream<T, WIDE, NT>::kTilesPerWarp][4]) {
     using S = Stream<T, WIDE, NT>;
     constexpr bool has_min = T != WType::Q6_K;
-    constexpr int QW = kStreamTilesPerWarp;
+    constexpr int QW = S::kTilesPerWarp;
     const int lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
     // ldmatrix: lanes 8m..8m+7 address token row (lane & 7) of matrix m,
     // bytes 16m.. of sub-blocks j, j + 1: chunk 2(j % 4) + m of half j / 4.
@@ -600,6 +603,10 @@ __device__ __forceinline__ void stream_super_block(const unsigned char* st, int 
 #pragma unroll
     for (int h = 0; h < 2; ++h) rw[h].load(st + S::kWeightOffset + (16 * mi + g + 8 * h) * S::kBlockBytes, tig);
 
+    // Whether tile q of this warp exists: always where the warps split the
+    // tiles evenly, and then known at compile time, so the sub-block's
+    // decode is shared by the tiles instead of repeated under each test.
+    auto has_tile = [th](int q) { return S::kGroups * QW == S::kTiles || th + S::kGroups * q < S::kTiles; };
     int ia[QW][4], ix[QW][4];
 #pragma unroll
     for (int q = 0; q < QW; ++q)
@@ -611,22 +618,22 @@ __device__ __forceinline__ void stream_super_block(const unsigned char* st, int 
         const int chunk = (2 * (j & 3) + lm) ^ lrow;
 #pragma unroll
         for (int q = 0; q < QW; ++q)
-            if (th + S::kGroups * q < S::kTiles)
+            if (has_tile(q))
                 ldmatrix_x4(b[q], st + (j >> 2) * S::kHalfBytes + (8 * (th + S::kGroups * q) + lrow) * 128 + 16 * chunk);
 #pragma unroll
         for (int jj = 0; jj < 2; ++jj) {
             const SubBlockRows<T, WIDE> sb(rw[0], rw[1], j + jj);
 #pragma unroll
             for (int q = 0; q < QW; ++q)
-                if (th + S::kGroups * q < S::kTiles) sb.tile_sums(b[q][2 * jj], b[q][2 * jj + 1], ia[q], ix[q]);
+                if (has_tile(q)) sb.tile_sums(b[q][2 * jj], b[q][2 * jj + 1], ia[q], ix[q]);
         }
     }
 
     // The terms: rows 16mi + g (+ 8), tokens 8 * tile + 2tig (+ 1).
 #pragma unroll
     for (int q = 0; q < QW; ++q) {
+        if (!has_tile(q)) continue;
         const int tile = th + S::kGroups * q;
-        if (tile >= S::kTiles) continue;
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int h = e >> 1, t = 8 * tile + 2 * tig + (e & 1);
@@ -645,8 +652,11 @@ __device__ __forceinline__ void stream_super_block(const unsigned char* st, int 
 // One CTA: rows blockIdx.x * 32.., every token. The last warp produces, the
 // others consume (Stream). The maps: weights (a row's bytes by rows), the
 // tokens' int8 blocks (bytes by tokens), their scales (floats by tokens).
+// Two CTAs an SM, as the ring is sized: said to the compiler too, which
+// otherwise held some instances to 72 registers and spilled (a local store and
+// load per super-block).
 template <WType T, bool WIDE, int NT>
-__global__ void __launch_bounds__(Stream<T, WIDE, NT>::kThreads)
+__global__ void __launch_bounds__(Stream<T, WIDE, NT>::kThreads, 2)
     mmq_batch_stream_kernel(const __grid_constant__ CUtensorMap wmap, const __grid_constant__ CUtensorMap qmap,
                             const __grid_constant__ CUtensorMap dmap, int64_t rows, int nsb, int n,
                             float* __restrict__ y, int64_t y_stride) {
@@ -683,9 +693,9 @@ __global__ void __launch_bounds__(Stream<T, WIDE, NT>::kThreads)
     }
 
     const int mi = warp & 1, th = warp >> 1;
-    float acc[kStreamTilesPerWarp][4];
+    float acc[S::kTilesPerWarp][4];
 #pragma unroll
-    for (int q = 0; q < kStreamTilesPerWarp; ++q)
+    for (int q = 0; q < S::kTilesPerWarp; ++q)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[q][e] = 0.0f;
     for (int kc = 0; kc < nsb; ++kc) {
@@ -699,7 +709,7 @@ __global__ void __launch_bounds__(Stream<T, WIDE, NT>::kThreads)
 
     const int g = lane >> 2, tig = lane & 3;
 #pragma unroll
-    for (int q = 0; q < kStreamTilesPerWarp; ++q)
+    for (int q = 0; q < S::kTilesPerWarp; ++q)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int t = 8 * (th + S::kGroups * q) + 2 * tig + (e & 1);
