@@ -383,8 +383,8 @@ const Shape kShapes[] = {
 constexpr int64_t kMmvqTokens[] = {1, 3, 8};
 constexpr int64_t kMmqTokens[] = {1, 3, 8, 17, 64, 65};  // one token tile (32-row tiles), then two
 // mmq_batch (K-quants): every token tile count, ragged and full, and both
-// sides of the streamed kernel's threshold (31, 32).
-constexpr int64_t kMmqBatchTokens[] = {1, 2, 7, 8, 9, 16, 23, 31, 32, 33, 40, 47, 56, 63, 64};
+// sides of the streamed kernel's threshold (15, 16).
+constexpr int64_t kMmqBatchTokens[] = {1, 2, 7, 8, 9, 15, 16, 23, 31, 32, 33, 40, 47, 56, 63, 64};
 
 enum class IntKernel { mmvq, mmq_batch, mmq };
 const char* kernel_name(IntKernel k) { return k == IntKernel::mmvq ? "mmvq" : k == IntKernel::mmq ? "mmq" : "mmq_batch"; }

@@ -11,7 +11,7 @@
 // mmvq, mmq and the CPU twin, so the same bits, for any token count and any
 // batch. At 24, 32 and 64 tokens a second kernel (below) stages the tokens'
 // blocks in shared memory instead of reading them from L2 sub-block by
-// sub-block; its terms and chain are the same. On sm_90 from 32 tokens a
+// sub-block; its terms and chain are the same. On sm_90 from 16 tokens a
 // third streams weights and tokens through a ring of stages by tensor copies
 // while its warps compute (LOG g43); the first two serve the rest and where
 // the third cannot run (unpadded q6_K, older GPUs).
@@ -525,7 +525,7 @@ __global__ void __launch_bounds__(kThreads) mmq_batch_staged_kernel(DevWeight w,
 #endif
 }
 
-// ---- from 32 tokens: weights and tokens streamed through a pipeline --------
+// ---- from 16 tokens: weights and tokens streamed through a pipeline --------
 //
 // The kernels above make every warp wait for its own loads, then compute,
 // then meet the others at a barrier to chain the window's terms: a CTA's
@@ -753,13 +753,15 @@ bool encode_map(CUtensorMap& map, CUtensorMapDataType type, const void* base, ui
                   swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// Fewest tokens that take the streamed kernel: at 24 it lost 3% of a
-// 24-sequence step to the staged kernel (LOG g43). TERN_MMQB_STREAM_FROM=N
-// moves it (24 at the least; 65: never), for A/B runs.
+// Fewest tokens that take the streamed kernel. From 32 when it came (at 24
+// it lost 3% to the staged kernel, LOG g43); since g59 it runs a 16-sequence
+// step 22% faster than the kernel above, and a 24-sequence one as fast as the
+// staged kernel (LOG g61). TERN_MMQB_STREAM_FROM=N moves it (16 at the least;
+// 65: never), for A/B runs.
 int stream_from() {
     static const int from = [] {
         const char* v = std::getenv("TERN_MMQB_STREAM_FROM");
-        return v ? std::max(24, std::atoi(v)) : 32;
+        return v ? std::max(16, std::atoi(v)) : 16;
     }();
     return from;
 }
@@ -798,7 +800,7 @@ bool staged_aligned(const DevAct& a) {
 template <WType T, bool WIDE, int NT>
 void launch_for(const DevWeight& w, const DevAct& a, int n, float* y, int64_t ys, cudaStream_t s) {
     const unsigned grid = unsigned((w.rows + kRows - 1) / kRows);
-    if constexpr ((T != WType::Q6_K || WIDE) && NT >= 24)
+    if constexpr ((T != WType::Q6_K || WIDE) && NT >= 16)
         if (staged_aligned(a) && mmq_batch_streams(w, n) && launch_stream<T, WIDE, NT>(w, a, n, y, ys, s)) return;
     // Past 48 KiB (32 tokens and more; the staged kernel from 24) the
     // kernels need the opt-in; cheap, and decode steps replay from CUDA
