@@ -520,16 +520,17 @@ TEST(Forward, RopeFrequencyFactorsAndLinearScalingMatchReference) {
     const auto want = scaled.run(tokens);
     const auto unscaled = plain.run(tokens);
     const size_t nv = size_t(m->hp.n_vocab);
-    const size_t last = tokens.size() - 1;
-    std::vector<float> got(logits.begin() + int64_t(last * nv), logits.end());
-    EXPECT_LT(rel_error(got, want[last]), kFloatTol) << "seed " << seed;
-    // Far from the plain model's logits at some position: the scaling took
-    // effect. (Position 0 has no rotation; random weights dilute the effect at
-    // any one position to a few times the agreement tolerance.)
+    // Every position agrees with the scaled reference, and some position is
+    // far from the plain model's logits: the scaling took effect. (Position 0
+    // has no rotation; random weights dilute the effect at any one position
+    // to a few times the agreement tolerance: over 200 seeds the largest
+    // change was at least 0.027.)
     double moved = 0;
-    for (size_t p = 1; p < tokens.size(); ++p)
-        moved = std::max(moved, rel_error({logits.begin() + int64_t(p * nv), logits.begin() + int64_t((p + 1) * nv)},
-                                          unscaled[p]));
+    for (size_t p = 0; p < tokens.size(); ++p) {
+        const std::vector<float> got(logits.begin() + int64_t(p * nv), logits.begin() + int64_t((p + 1) * nv));
+        EXPECT_LT(rel_error(got, want[p]), kFloatTol) << "position " << p << ", seed " << seed;
+        moved = std::max(moved, rel_error(got, unscaled[p]));
+    }
     EXPECT_GT(moved, 4 * kFloatTol) << "seed " << seed;
     std::filesystem::remove(base);
     std::filesystem::remove(path);

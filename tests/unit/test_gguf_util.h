@@ -5,13 +5,13 @@
 #pragma once
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -139,20 +139,16 @@ inline std::string parse_error(const std::vector<uint8_t>& bytes, const std::str
     return f ? std::string() : f.error().message;
 }
 
-// Fresh randomness each run; tests print the seed so a failure can be replayed
-// by setting TERN_TEST_SEED.
-inline uint64_t test_seed() {
-    return tern::test::run_seed();
-}
+// The binary's random seed (tests/support/test_seed.h).
+inline constexpr auto& test_seed = tern::test::run_seed;
 
-// A fresh directory, removed when the object dies.
+// A fresh directory of its own (mkdtemp), removed when the object dies.
 struct TempDir {
     std::filesystem::path path;
     TempDir() {
-        std::mt19937_64 rng(test_seed());
-        path = std::filesystem::temp_directory_path() /
-               ("tern-gguf-test-" + std::to_string(getpid()) + "-" + std::to_string(rng()));
-        std::filesystem::create_directories(path);
+        std::string name = (std::filesystem::temp_directory_path() / "tern-gguf-test-XXXXXX").string();
+        if (!mkdtemp(name.data())) throw std::runtime_error("TempDir: mkdtemp failed for " + name);
+        path = name;
     }
     ~TempDir() {
         std::error_code ec;

@@ -84,7 +84,7 @@ TEST(Grammar, MatchesLikeItsRegexTwin) {
         {"root ::= \"\\x41\\u0042\" [\\]\\-]\n", "AB[\\]\\-]", "AB]-"},
         {"root ::= \"\" | \"q\" root\n", "q*", "qr"},
     };
-    std::mt19937 rng(tern::text::testing_util::fresh_seed());
+    std::mt19937 rng(tern::test::run_seed());
     for (const Case& c : cases) {
         SCOPED_TRACE(c.gbnf);
         const auto g = parse_ok(c.gbnf);
@@ -202,7 +202,7 @@ TEST(Grammar, MaskAllowsExactlyTheTokensThatFit) {
         }
         return allowed;
     };
-    std::mt19937 rng(testing_util::fresh_seed());
+    std::mt19937 rng(tern::test::run_seed());
     int checked_states = 0;
     for (int walk = 0; walk < 20; ++walk) {
         GrammarMatcher m(g);

@@ -52,7 +52,7 @@ TEST(Reasoning, SplitsTheThinkingFromTheAnswerHoweverItStreams) {
         {"<think>x</thinking> y", false, "x</thinking> y", ""},
         {"<think>é 日本</think>ü", false, "é 日本", "ü"},
     };
-    std::mt19937 rng(tern::text::testing_util::fresh_seed());
+    std::mt19937 rng(tern::test::run_seed());
     for (const Case& c : cases) {
         SCOPED_TRACE(c.reply);
         const Split whole = split(c.reply, c.opened, nullptr);

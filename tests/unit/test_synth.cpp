@@ -26,8 +26,6 @@
 namespace tern::model {
 namespace {
 
-uint64_t fresh_seed() { return tern::test::run_seed(); }
-
 uint64_t param_count(const SynthShape& s) {
     uint64_t n = 0;
     for (const SynthTensor& t : synth_tensors(s)) n += uint64_t(t.n_elements());
@@ -136,7 +134,7 @@ TEST(Synth, ShapeChecksNameTheProblem) {
 }
 
 TEST(Synth, WeightsAreSeededPerRow) {
-    const uint64_t seed = fresh_seed();
+    const uint64_t seed = test::run_seed();
     SCOPED_TRACE("seed " + std::to_string(seed));
     const SynthTensor t{"blk.1.ffn_up.weight", {512, 64}, SynthInit::Normal};
     std::vector<float> whole(512 * 64), pieces(512 * 64), again(512 * 64), other(512 * 64);
@@ -161,7 +159,7 @@ TEST(Synth, WeightsAreSeededPerRow) {
 }
 
 TEST(Synth, WeightStatistics) {
-    const uint64_t seed = fresh_seed();
+    const uint64_t seed = test::run_seed();
     SCOPED_TRACE("seed " + std::to_string(seed));
     for (SynthInit init : {SynthInit::Normal, SynthInit::NearOne}) {
         const SynthTensor t{"w", {1000, 400}, init};
@@ -286,7 +284,7 @@ TEST(Synth, ByteLevelBpeVocabularies) {
 // Builds a tiny model and reads it back: metadata, tensor types by the mix,
 // and the stored values against synth_fill_rows.
 TEST(Synth, WritesAFileTheReaderAccepts) {
-    const uint64_t seed = fresh_seed();
+    const uint64_t seed = test::run_seed();
     SCOPED_TRACE("seed " + std::to_string(seed));
     SynthOptions opt;
     opt.shape = *synth_preset("tiny");
@@ -337,7 +335,7 @@ TEST(Synth, WritesAFileTheReaderAccepts) {
 }
 
 TEST(Synth, OutputDoesNotDependOnThreadCountButOnSeed) {
-    const uint64_t seed = fresh_seed();
+    const uint64_t seed = test::run_seed();
     SCOPED_TRACE("seed " + std::to_string(seed));
     SynthOptions opt;
     opt.shape = *synth_preset("tiny");

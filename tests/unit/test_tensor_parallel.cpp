@@ -32,10 +32,6 @@ namespace {
 
 using namespace tern;
 
-uint64_t fresh_seed() {
-    return tern::test::run_seed();
-}
-
 // ---- the plan, on models described by their weights' types and shapes only ----
 
 backend::Weight shaped(const std::string& name, TensorType t, int64_t cols, int64_t rows) {
@@ -75,7 +71,7 @@ model::Model fake_model(int n_head, int n_head_kv, int head_dim, int n_ff, int n
 int64_t block_elems(TensorType t) { return tensor_type_info(uint32_t(t))->block_elems; }
 
 TEST(TensorParallelPlan, EveryHeadColumnAndRowOwnedOnceOnBlockBoundaries) {
-    const uint64_t seed = fresh_seed();
+    const uint64_t seed = test::run_seed();
     SCOPED_TRACE("seed " + std::to_string(seed));
     std::mt19937_64 rng(seed);
     const TensorType types[] = {TensorType::F32, TensorType::F16, TensorType::Q8_0, TensorType::Q4_0,
@@ -189,7 +185,7 @@ std::vector<float> dequantized_row(const backend::Weight& w, int64_t r) {
 }
 
 TEST(TensorParallelViews, RowAndColumnSlicesReadTheRightBlocks) {
-    const uint64_t seed = fresh_seed();
+    const uint64_t seed = test::run_seed();
     SCOPED_TRACE("seed " + std::to_string(seed));
     std::mt19937_64 rng(seed);
     for (TensorType t : {TensorType::F32, TensorType::F16, TensorType::Q8_0, TensorType::Q4_K, TensorType::Q6_K}) {
@@ -311,7 +307,7 @@ class CpuTp : public ::testing::TestWithParam<TpCase> {};
 
 TEST_P(CpuTp, EqualsUnshardedForward) {
     const TpCase& c = GetParam();
-    const uint64_t seed = fresh_seed();
+    const uint64_t seed = test::run_seed();
     SCOPED_TRACE(std::string(c.name) + " seed " + std::to_string(seed));
     model::SynthOptions o;
     o.shape = c.shape;
@@ -412,7 +408,7 @@ TEST(CpuTensorParallel, ErrorsReachTheCallerAndLeaveTheRanksUsable) {
     model::SynthOptions o;
     o.shape = test::llama_shape(256, 4, 2, 512);
     o.ftype = quant::FileType::Q8_0;
-    o.seed = fresh_seed();
+    o.seed = test::run_seed();
     auto written = test::write_temp_model("tp-errors-" + std::to_string(o.seed), o);
     ASSERT_TRUE(written.ok()) << written.error().message;
     const std::string path = *written;
@@ -448,7 +444,7 @@ TEST(CpuTensorParallel, EngineRunsRanksAndRefusesWhatCannotSplit) {
     model::SynthOptions o;
     o.shape = test::llama_shape(256, 4, 2, 512);
     o.ftype = quant::FileType::Q8_0;
-    o.seed = fresh_seed();
+    o.seed = test::run_seed();
     SCOPED_TRACE("seed " + std::to_string(o.seed));
     auto written = test::write_temp_model("tp-engine-" + std::to_string(o.seed), o);
     ASSERT_TRUE(written.ok()) << written.error().message;

@@ -103,7 +103,7 @@ TEST(TextBpe, PreTokenizerAliasesAndUnknownNames) {
 }
 
 TEST(TextBpe, PreTokenizerCoversRandomBytesExactly) {
-    const uint32_t seed = fresh_seed();
+    const uint32_t seed = tern::test::run_seed();
     SCOPED_TRACE("seed " + std::to_string(seed));
     std::mt19937 rng(seed);
     const std::vector<std::string> palette = {"a", "Z", "7", " ", "  ", "\n", "\r\n", "\t", "'s", "'T", "!", "é",
@@ -239,7 +239,7 @@ static std::vector<std::string> reference_bpe(std::string_view piece, const std:
 }
 
 TEST(TextBpe, HeapMergingMatchesReferenceOnRandomMergeTables) {
-    const uint32_t seed = fresh_seed();
+    const uint32_t seed = tern::test::run_seed();
     SCOPED_TRACE("seed " + std::to_string(seed));
     std::mt19937 rng(seed);
     const std::string alphabet = "abcd é";
@@ -278,7 +278,7 @@ TEST(TextBpe, HeapMergingMatchesReferenceOnRandomMergeTables) {
 }
 
 TEST(TextBpe, InvalidUtf8RoundTripsExactly) {
-    const uint32_t seed = fresh_seed();
+    const uint32_t seed = tern::test::run_seed();
     SCOPED_TRACE("seed " + std::to_string(seed));
     std::mt19937 rng(seed);
     Tokenizer t = make_tokenizer(make_bpe_vocab({{"a", "b"}, {"\xE4", "\xB8"}, {" ", "a"}}, "llama3"));

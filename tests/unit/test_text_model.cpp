@@ -148,7 +148,7 @@ TEST_F(TextModel, RoundTripsAcrossScripts) {
 }
 
 TEST_F(TextModel, RandomTextRoundTrips) {
-    const uint32_t seed = fresh_seed();
+    const uint32_t seed = tern::test::run_seed();
     SCOPED_TRACE("seed " + std::to_string(seed));
     std::mt19937 rng(seed);
     const std::vector<std::string> palette = {
@@ -178,7 +178,7 @@ TEST_F(TextModel, InvalidUtf8RoundTripsExceptUnencodableBytes) {
     EXPECT_EQ(missing, 21);
     EXPECT_FALSE(encodable[0xFF]);
     EXPECT_TRUE(encodable[0x80]);
-    const uint32_t seed = fresh_seed();
+    const uint32_t seed = tern::test::run_seed();
     SCOPED_TRACE("seed " + std::to_string(seed));
     std::mt19937 rng(seed);
     for (int iter = 0; iter < 300; ++iter) {

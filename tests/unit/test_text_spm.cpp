@@ -133,7 +133,7 @@ TEST(TextSpm, ByteFallbackAndUnknown) {
 }
 
 TEST(TextSpm, RandomRoundTrips) {
-    const uint32_t seed = fresh_seed();
+    const uint32_t seed = tern::test::run_seed();
     SCOPED_TRACE("seed " + std::to_string(seed));
     std::mt19937 rng(seed);
     Vocab v = make_spm_vocab({{kSp, -3}, {"a", -2}, {"b", -2}, {kSp + "a", -1}, {"ab", -1.5f}, {"ä", -2},
@@ -205,7 +205,7 @@ static std::vector<int32_t> reference_spm(const std::string& escaped, const Voca
 }
 
 TEST(TextSpm, SynthesizedVocabularyMatchesReference) {
-    const uint32_t seed = fresh_seed();
+    const uint32_t seed = tern::test::run_seed();
     SCOPED_TRACE("seed " + std::to_string(seed));
     std::mt19937 rng(seed);
     // Pieces: every substring (up to 5 characters) of random words over a

@@ -73,7 +73,6 @@ inline std::string test_model_path(std::string* error) {
     return path;
 }
 
-inline uint32_t fresh_seed() { return tern::test::run_seed(); }
 
 // Random text drawn from pieces (whole characters, words, whitespace), so it
 // exercises the interesting boundaries rather than being mostly noise.

@@ -1,6 +1,7 @@
 // load_vocab(): GGUF files written with gguf::Writer carrying good and bad
 // tokenizer metadata; errors must name the offending key.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <functional>
@@ -18,9 +19,10 @@ namespace {
 
 // Writes a tensor-less GGUF whose metadata `fill` sets, and loads its vocab.
 Result<Vocab> vocab_from(const std::function<void(gguf::Writer&)>& fill) {
-    const uint32_t tag = fresh_seed();
-    const std::string path =
-        (std::filesystem::temp_directory_path() / ("tern_vocab_" + std::to_string(tag) + ".gguf")).string();
+    static int calls = 0;  // a path of its own per call and per process
+    const std::string path = (std::filesystem::temp_directory_path() /
+                              ("tern_vocab_" + std::to_string(::getpid()) + "_" + std::to_string(calls++) + ".gguf"))
+                                 .string();
     gguf::Writer w;
     w.set_string("general.architecture", "llama");
     fill(w);

@@ -97,7 +97,7 @@ void mmvq_parts(const MatmulPart* parts, int n_parts, const DevAct& a, int n_tok
 constexpr int kMmqBatchMaxTokens = 64;
 bool mmq_batch_type(WType t);
 // True where mmq_batch runs n tokens of w on its streamed kernel (sm_90,
-// 32 tokens and more, q6_K padded). Matrices of many rows then stay on it
+// 16 tokens and more, q6_K padded). Matrices of many rows then stay on it
 // past 32 tokens: in the 7B step that beat sending them to mmq (LOG g43).
 bool mmq_batch_streams(const DevWeight& w, int n_tokens);
 void mmq_batch(const DevWeight& w, const DevAct& a, int n_tokens, float* y, int64_t y_stride, cudaStream_t stream);
