@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdlib>
@@ -18,6 +19,7 @@
 #include "backend/kv_page_table.h"
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/ops.h"
+#include "backend/cpu/parallel.h"
 #include "backend/cpu/weight_arena.h"
 #include "backend/host_group.h"
 #include "base/fp16.h"
@@ -105,7 +107,10 @@ public:
 
     Status map_kv_pages(int slot, const std::vector<int32_t>& pages) override { return pages_.map(slot, pages); }
 
-    void set_batch(const BatchLayout& layout) override { layout_ = layout; }
+    void set_batch(const BatchLayout& layout) override {
+        layout_ = layout;
+        for (CachedRope& r : rope_tables_) r.valid = false;
+    }
 
     void embed(const Weight& table, const std::vector<int32_t>& tokens, Tensor out) override {
         const auto* base = static_cast<const uint8_t*>(table.host);
@@ -181,22 +186,41 @@ public:
     }
 
     void rope(Tensor x, int n_heads, int head_dim, const RopeParams& rope) override {
-        cpu::rope(x.data, x.rows, n_heads, head_dim, layout_.pos.data(), rope,
-                  rope.freq_factors ? f32(*rope.freq_factors) : nullptr);
+        cpu::rope_apply(x.data, x.rows, n_heads, head_dim, rope.neox, rope_table(rope, x.rows));
+    }
+
+    // The batch's table for these parameters: computed by the first layer to
+    // ask, reused by the rest (Gemma 3's local and global layers use two).
+    const cpu::RopeTable& rope_table(const RopeParams& rope, int64_t rows) {
+        const float* factors = rope.freq_factors ? f32(*rope.freq_factors) : nullptr;
+        auto same = [&](const CachedRope& r) {
+            return r.valid && r.rows >= rows && r.n_dims == rope.n_dims && r.freq_base == rope.freq_base &&
+                   r.freq_scale == rope.freq_scale && r.attn_factor == rope.attn_factor && r.factors == factors;
+        };
+        for (CachedRope& r : rope_tables_)
+            if (same(r)) return r.table;
+        CachedRope& r = rope_tables_[next_rope_table_];
+        next_rope_table_ = (next_rope_table_ + 1) % rope_tables_.size();
+        cpu::rope_table(layout_.pos.data(), rows, rope, factors, r.table);
+        r.valid = true;
+        r.rows = rows;
+        r.n_dims = rope.n_dims;
+        r.freq_base = rope.freq_base;
+        r.freq_scale = rope.freq_scale;
+        r.attn_factor = rope.attn_factor;
+        r.factors = factors;
+        return r.table;
     }
 
     void kv_store(int layer, Tensor k, Tensor v) override {
         const int64_t width = int64_t(kv_shape_.n_kv_heads) * kv_shape_.head_dim;
-#pragma omp parallel for schedule(static) if (k.rows > 1)
-        for (int64_t t = 0; t < k.rows; ++t) {
+        cpu::parallel_for(k.rows, k.rows > 1, [&](int64_t t) {
             const int32_t page = pages_.page(layout_.slot[size_t(t)], layout_.pos[size_t(t)]);
-            if (page == KvPageTable::kUnmapped) continue;  // the forward pass refuses such batches
+            if (page == KvPageTable::kUnmapped) return;  // the forward pass refuses such batches
             const size_t at = kv_offset(layer, page, layout_.pos[size_t(t)] % kv_shape_.page_size);
-            for (int64_t i = 0; i < width; ++i) {
-                k_[at + size_t(i)] = fp32_to_fp16(k.row(t)[i]);
-                v_[at + size_t(i)] = fp32_to_fp16(v.row(t)[i]);
-            }
-        }
+            cpu::detail::fp32_row_to_fp16(k.row(t), &k_[at], width);
+            cpu::detail::fp32_row_to_fp16(v.row(t), &v_[at], width);
+        });
     }
 
     // Tiles of up to kAttentionTileTokens consecutive batch tokens of one
@@ -214,8 +238,7 @@ public:
         }
         const int64_t n_tiles = int64_t(tiles_.size());
         const int64_t work = n_tiles * s.n_kv_heads;
-#pragma omp parallel for schedule(dynamic, 1) if (work > 1 && layout_.pos[0] + q.rows > 64)
-        for (int64_t i = 0; i < work; ++i) {
+        cpu::parallel_for_dynamic(work, work > 1 && layout_.pos[0] + q.rows > 64, [&](int64_t i) {
             const int64_t tile = i / s.n_kv_heads;
             const int kvh = int(i % s.n_kv_heads);
             const int64_t t0 = tiles_[size_t(tile)];
@@ -235,11 +258,11 @@ public:
             if (n_t == 1) {  // decode: the one-token form, the same bits, faster alone
                 cpu::attention_kv_group(q.row(t0) + head0, group, k, v, first[0], last[0] + 1 - first[0], kvh,
                                         s.head_dim, scale, out.row(t0) + head0);
-                continue;
+                return;
             }
             const cpu::AttentionTile a{q.row(t0) + head0, q.cols, n_t, group, first, last, out.row(t0) + head0, out.cols};
             cpu::attention_tile(a, k, v, kvh, s.head_dim, scale);
-        }
+        });
     }
 
     void swiglu(Tensor gate, Tensor up) override { cpu::swiglu(gate.data, up.data, gate.rows * gate.cols); }
@@ -248,8 +271,7 @@ public:
 
     void add(Tensor x, Tensor y) override {
         const int64_t n = x.rows * x.cols;
-#pragma omp parallel for schedule(static) if (n >= (1 << 15))
-        for (int64_t i = 0; i < n; ++i) x.data[i] += y.data[i];
+        cpu::parallel_for(n, n >= (1 << 15), [&](int64_t i) { x.data[i] += y.data[i]; });
     }
 
     void gather_rows(Tensor x, const std::vector<int32_t>& rows, Tensor out) override {
@@ -338,15 +360,14 @@ public:
         const int64_t k = route_k_;
         if (y.rows != int64_t(route_ids_.size()) || out.rows * k != y.rows || out.cols != y.cols)
             return note(Error{"combine_experts: shapes do not match the routing"});
-#pragma omp parallel for schedule(static) if (out.rows > 1)
-        for (int64_t t = 0; t < out.rows; ++t) {
+        cpu::parallel_for(out.rows, out.rows > 1, [&](int64_t t) {
             float* o = out.row(t);
             for (int64_t i = 0; i < out.cols; ++i) {
                 float acc = route_w_[size_t(t * k)] * y.row(t * k)[i];
                 for (int64_t j = 1; j < k; ++j) acc = std::fma(route_w_[size_t(t * k + j)], y.row(t * k + j)[i], acc);
                 o[i] = acc;
             }
-        }
+        });
     }
 
     void all_reduce_sum(Tensor x) override {
@@ -410,6 +431,16 @@ private:
     std::vector<uint16_t> k_, v_;
     KvPageTable pages_;
     BatchLayout layout_;
+    struct CachedRope {
+        bool valid = false;
+        int64_t rows = 0;
+        int n_dims = 0;
+        float freq_base = 0, freq_scale = 0, attn_factor = 0;
+        const float* factors = nullptr;
+        cpu::RopeTable table;
+    };
+    std::array<CachedRope, 2> rope_tables_;  // this batch's tables
+    size_t next_rope_table_ = 0;
     std::vector<int64_t> tiles_;  // attention: the first batch token of each tile
     Status error_;
 };

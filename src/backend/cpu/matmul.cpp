@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/parallel.h"
 #include "quant/dot.h"
 #include "quant/quant.h"
 
@@ -82,11 +83,13 @@ void for_each_tile(int64_t rows, int64_t cols, int64_t n_tokens, int threads, Fn
     const int64_t tok_tiles = (n_tokens + kTokensPerTile - 1) / kTokensPerTile;
     const int64_t tiles = row_tiles * tok_tiles;
     const bool parallel = threads > 1 && tiles > 1 && rows * cols * n_tokens >= kSerialWork;
-#pragma omp parallel for schedule(static) num_threads(threads) if (parallel)
-    for (int64_t i = 0; i < tiles; ++i) {
-        const int64_t r0 = (i / tok_tiles) * kRowsPerTile, t0 = (i % tok_tiles) * kTokensPerTile;
-        fn(r0, std::min(r0 + kRowsPerTile, rows), t0, std::min(t0 + kTokensPerTile, n_tokens));
-    }
+    parallel_for(
+        tiles, parallel,
+        [&](int64_t i) {
+            const int64_t r0 = (i / tok_tiles) * kRowsPerTile, t0 = (i % tok_tiles) * kTokensPerTile;
+            fn(r0, std::min(r0 + kRowsPerTile, rows), t0, std::min(t0 + kTokensPerTile, n_tokens));
+        },
+        threads);
 }
 
 Status matmul_float(const Weight& w, size_t stride, const float* x, int64_t n_tokens, float* out,
@@ -135,13 +138,15 @@ Status quantize_activations(const float* x, int64_t n_tokens, int64_t cols, quan
     if (!path.ok()) return path.error();
     const int64_t nbk = cols / quant::QK8A;
     const bool parallel = n_tokens > 1 && n_tokens * cols >= kSerialWork / 16;
-#pragma omp parallel for schedule(static) num_threads(thread_count(opt)) if (parallel)
-    for (int64_t t = 0; t < n_tokens; ++t) {
-        if (grouped)
-            quant::quantize_act_row_grouped(x + t * cols, xq + t * nbk, cols);
-        else
-            quant::quantize_act_row(x + t * cols, xq + t * nbk, cols, *path);
-    }
+    parallel_for(
+        n_tokens, parallel,
+        [&](int64_t t) {
+            if (grouped)
+                quant::quantize_act_row_grouped(x + t * cols, xq + t * nbk, cols);
+            else
+                quant::quantize_act_row(x + t * cols, xq + t * nbk, cols, *path);
+        },
+        thread_count(opt));
     return {};
 }
 
@@ -229,15 +234,17 @@ bool matmul_q8a_one_token(const Q8aTarget* targets, int n, const quant::block_q8
     }
     const int threads = thread_count(opt);
     const bool parallel = threads > 1 && tiles > 1 && work >= kSerialWork;
-#pragma omp parallel for schedule(static) num_threads(threads) if (parallel)
-    for (int64_t i = 0; i < tiles; ++i) {
-        int p = n - 1;
-        while (i < parts[p].first_tile) --p;
-        const Part& t = parts[p];
-        // The tile matmul_q8a gives this weight: rows r0..r1 of its own.
-        const int64_t r0 = (i - t.first_tile) * kRowsPerTile, r1 = std::min(r0 + kRowsPerTile, t.rows);
-        t.dot(t.base + size_t(r0) * t.stride, t.stride, r1 - r0, xq, t.cols, t.out + r0);
-    }
+    parallel_for(
+        tiles, parallel,
+        [&](int64_t i) {
+            int p = n - 1;
+            while (i < parts[p].first_tile) --p;
+            const Part& t = parts[p];
+            // The tile matmul_q8a gives this weight: rows r0..r1 of its own.
+            const int64_t r0 = (i - t.first_tile) * kRowsPerTile, r1 = std::min(r0 + kRowsPerTile, t.rows);
+            t.dot(t.base + size_t(r0) * t.stride, t.stride, r1 - r0, xq, t.cols, t.out + r0);
+        },
+        threads);
     return true;
 }
 

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <vector>
 
+#include "backend/cpu/expf.h"
+#include "backend/cpu/parallel.h"
 #include "base/fp16.h"
 #include "quant/simd_path.h"
 
@@ -20,19 +22,17 @@ namespace tern::backend::cpu {
 constexpr int64_t kParallelMin = 1 << 15;
 
 void rms_norm(const float* x, const float* w, float eps, float* out, int64_t rows, int64_t cols) {
-#pragma omp parallel for schedule(static) if (rows * cols >= kParallelMin)
-    for (int64_t r = 0; r < rows; ++r) {
+    parallel_for(rows, rows * cols >= kParallelMin, [&](int64_t r) {
         const float* xr = x + r * cols;
         float* o = out + r * cols;
         double ss = 0.0;
         for (int64_t i = 0; i < cols; ++i) ss += double(xr[i]) * double(xr[i]);
         const float inv = float(1.0 / std::sqrt(ss / double(cols) + double(eps)));
         for (int64_t i = 0; i < cols; ++i) o[i] = xr[i] * inv * (w ? w[i] : 1.0f);
-    }
+    });
 }
 
-void rope(float* x, int64_t rows, int n_heads, int head_dim, const int32_t* pos, const RopeParams& rope,
-          const float* freq_factors) {
+void rope_table(const int32_t* pos, int64_t rows, const RopeParams& rope, const float* freq_factors, RopeTable& out) {
     const int half = rope.n_dims / 2;
     // inv_freq[i] = base^(-2i/n_dims) / factor[i]
     std::vector<double> inv_freq(static_cast<size_t>(half));
@@ -40,35 +40,85 @@ void rope(float* x, int64_t rows, int n_heads, int head_dim, const int32_t* pos,
         inv_freq[size_t(i)] = std::pow(double(rope.freq_base), -2.0 * i / double(rope.n_dims));
         if (freq_factors) inv_freq[size_t(i)] /= double(freq_factors[i]);
     }
-#pragma omp parallel for schedule(static) if (rows * n_heads * head_dim >= kParallelMin)
-    for (int64_t t = 0; t < rows; ++t) {
+    out.half = half;
+    out.cos.resize(size_t(rows) * size_t(half));
+    out.sin.resize(size_t(rows) * size_t(half));
+    parallel_for(rows, rows * half >= kParallelMin / 8, [&](int64_t t) {
         const double p = double(pos[t]) * double(rope.freq_scale);
-        std::vector<float> c(static_cast<size_t>(half)), s(static_cast<size_t>(half));
+        float* c = out.cos.data() + t * half;
+        float* s = out.sin.data() + t * half;
         for (int i = 0; i < half; ++i) {
             const double a = p * inv_freq[size_t(i)];
-            c[size_t(i)] = float(std::cos(a) * double(rope.attn_factor));
-            s[size_t(i)] = float(std::sin(a) * double(rope.attn_factor));
+            c[i] = float(std::cos(a) * double(rope.attn_factor));
+            s[i] = float(std::sin(a) * double(rope.attn_factor));
         }
+    });
+}
+
+void rope_apply(float* x, int64_t rows, int n_heads, int head_dim, bool neox, const RopeTable& table) {
+    const int half = table.half;
+    parallel_for(rows, rows * n_heads * head_dim >= kParallelMin, [&](int64_t t) {
+        const float* c = table.cos.data() + t * half;
+        const float* s = table.sin.data() + t * half;
         for (int h = 0; h < n_heads; ++h) {
             float* v = x + t * int64_t(n_heads) * head_dim + int64_t(h) * head_dim;
             for (int i = 0; i < half; ++i) {
                 // interleaved pairs (2i, 2i+1), or NeoX pairs (i, i + n_dims/2)
-                const int a = rope.neox ? i : 2 * i;
-                const int b = rope.neox ? i + half : 2 * i + 1;
+                const int a = neox ? i : 2 * i;
+                const int b = neox ? i + half : 2 * i + 1;
                 const float x0 = v[a], x1 = v[b];
-                v[a] = x0 * c[size_t(i)] - x1 * s[size_t(i)];
-                v[b] = x0 * s[size_t(i)] + x1 * c[size_t(i)];
+                v[a] = x0 * c[i] - x1 * s[i];
+                v[b] = x0 * s[i] + x1 * c[i];
             }
         }
+    });
+}
+
+void rope(float* x, int64_t rows, int n_heads, int head_dim, const int32_t* pos, const RopeParams& rope,
+          const float* freq_factors) {
+    RopeTable table;
+    rope_table(pos, rows, rope, freq_factors, table);
+    rope_apply(x, rows, n_heads, head_dim, rope.neox, table);
+}
+
+namespace {
+
+void swiglu_portable(float* gate, const float* up, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+        const float g = gate[i];
+        gate[i] = g / (1.0f + expf_glibc(-g)) * up[i];
     }
 }
 
-void swiglu(float* gate, const float* up, int64_t n) {
-#pragma omp parallel for schedule(static) if (n >= kParallelMin)
-    for (int64_t i = 0; i < n; ++i) {
-        const float g = gate[i];
-        gate[i] = g / (1.0f + std::exp(-g)) * up[i];
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma"))) void swiglu_avx2(float* gate, const float* up, int64_t n) {
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 g = _mm256_loadu_ps(gate + i);
+        const __m256 e = expf_glibc_avx2(_mm256_xor_ps(g, sign));
+        _mm256_storeu_ps(gate + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + i)));
     }
+    swiglu_portable(gate + i, up + i, n - i);
+}
+#endif
+
+}  // namespace
+
+void swiglu(float* gate, const float* up, int64_t n, quant::SimdPath path) {
+    [[maybe_unused]] bool avx2 = false;
+#if defined(__x86_64__)
+    avx2 = path != quant::SimdPath::scalar && quant::simd_path_available(quant::SimdPath::avx2);
+#endif
+    constexpr int64_t kPiece = 4096;  // values a thread takes at once
+    const int64_t pieces = (n + kPiece - 1) / kPiece;
+    parallel_for(pieces, n >= kParallelMin, [&](int64_t c) {
+        const int64_t i = c * kPiece, len = std::min(kPiece, n - i);
+#if defined(__x86_64__)
+        if (avx2) return swiglu_avx2(gate + i, up + i, len);
+#endif
+        swiglu_portable(gate + i, up + i, len);
+    });
 }
 
 void geglu(float* gate, const float* up, int64_t n, quant::SimdPath path) {
@@ -78,22 +128,17 @@ void geglu(float* gate, const float* up, int64_t n, quant::SimdPath path) {
 #endif
     constexpr int64_t kPiece = 4096;  // values a thread takes at once
     const int64_t pieces = (n + kPiece - 1) / kPiece;
-#pragma omp parallel for schedule(static) if (n >= kParallelMin)
-    for (int64_t c = 0; c < pieces; ++c) {
+    parallel_for(pieces, n >= kParallelMin, [&](int64_t c) {
         const int64_t i = c * kPiece, len = std::min(kPiece, n - i);
 #if defined(__x86_64__)
-        if (avx2) {
-            detail::geglu_avx2(gate + i, up + i, len);
-            continue;
-        }
+        if (avx2) return detail::geglu_avx2(gate + i, up + i, len);
 #endif
         detail::geglu_portable(gate + i, up + i, len);
-    }
+    });
 }
 
 void scale(float* x, float s, int64_t n) {
-#pragma omp parallel for schedule(static) if (n >= kParallelMin)
-    for (int64_t i = 0; i < n; ++i) x[i] *= s;
+    parallel_for(n, n >= kParallelMin, [&](int64_t i) { x[i] *= s; });
 }
 
 void route_top_k(const float* logits, int n_expert, int k, int32_t* ids, float* weights) {
@@ -125,9 +170,27 @@ __attribute__((target("f16c,avx"))) void fp16_row_to_fp32_f16c(const uint16_t* s
         _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
     for (; i < n; ++i) dst[i] = fp16_to_fp32(src[i]);
 }
+
+// Round to nearest even, as fp32_to_fp16; a NaN keeps its sign and top ten
+// payload bits and becomes quiet, as fp32_to_fp16 makes it.
+__attribute__((target("f16c,avx"))) void fp32_row_to_fp16_f16c(const float* src, uint16_t* dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; ++i) dst[i] = fp32_to_fp16(src[i]);
+}
 #endif
 
 }  // namespace
+
+void detail::fp32_row_to_fp16(const float* src, uint16_t* dst, int64_t n, quant::SimdPath path) {
+#if defined(__x86_64__)
+    if (path != quant::SimdPath::scalar && quant::simd_path_available(quant::SimdPath::avx2))
+        return fp32_row_to_fp16_f16c(src, dst, n);
+#endif
+    for (int64_t i = 0; i < n; ++i) dst[i] = fp32_to_fp16(src[i]);
+}
 
 void detail::fp16_row_to_fp32(const uint16_t* src, float* dst, int n) {
 #if defined(__x86_64__)
@@ -160,8 +223,8 @@ void attention_tile(const AttentionTile& a, const KvRows& k, const KvRows& v, in
                 const size_t jt = j * T + size_t(t);
                 const float s = dot[t] * scale;
                 const float m_new = std::max(st.m[jt], s);
-                const float correction = std::exp(st.m[jt] - m_new);  // exp(-inf) = 0 on the first step
-                const float w = std::exp(s - m_new);
+                const float correction = expf_glibc(st.m[jt] - m_new);  // exp(-inf) = 0 on the first step
+                const float w = expf_glibc(s - m_new);
                 st.l[jt] = st.l[jt] * correction + w;
                 float* at = st.acc.data() + jt * hd;
                 for (size_t i = 0; i < hd; ++i) at[i] = at[i] * correction + w * vf[i];
@@ -208,10 +271,7 @@ void attention_kv_group(const float* q, int n_q, const KvRows& k, const KvRows& 
                         int head_dim, float scale, float* out, quant::SimdPath path) {
 #if defined(__x86_64__)
     if (n_pos > 0 && path != quant::SimdPath::scalar && quant::simd_path_available(quant::SimdPath::avx2)) {
-        const int last = first + n_pos - 1;
-        const int64_t row = int64_t(n_q) * head_dim;
-        return detail::attention_tile_avx2(AttentionTile{q, row, 1, n_q, &first, &last, out, row}, k, v, kv_head,
-                                           head_dim, scale);
+        return detail::attention_one_token_avx2(q, n_q, k, v, first, n_pos, kv_head, head_dim, scale, out);
     }
 #endif
     const size_t hd = static_cast<size_t>(head_dim);
@@ -227,8 +287,8 @@ void attention_kv_group(const float* q, int n_q, const KvRows& k, const KvRows& 
             for (size_t i = 0; i < hd; ++i) dot += qj[i] * kf[i];
             const float s = dot * scale;
             const float m_new = std::max(m[size_t(j)], s);
-            const float correction = std::exp(m[size_t(j)] - m_new);  // exp(-inf) = 0 on the first step
-            const float w = std::exp(s - m_new);
+            const float correction = expf_glibc(m[size_t(j)] - m_new);  // exp(-inf) = 0 on the first step
+            const float w = expf_glibc(s - m_new);
             l[size_t(j)] = l[size_t(j)] * correction + w;
             float* a = acc.data() + size_t(j) * hd;
             for (size_t i = 0; i < hd; ++i) a[i] = a[i] * correction + w * vf[i];

@@ -15,12 +15,25 @@ namespace tern::backend::cpu {
 void rms_norm(const float* x, const float* w, float eps, float* out, int64_t rows, int64_t cols);
 
 // Rotates x (rows: tokens, n_heads * head_dim cols) in place, token t at position pos[t].
-// freq_factors: null or rope.n_dims/2 floats.
+// freq_factors: null or rope.n_dims/2 floats. rope_table then rope_apply.
 void rope(float* x, int64_t rows, int n_heads, int head_dim, const int32_t* pos, const RopeParams& rope,
           const float* freq_factors);
 
-// gate = silu(gate) * up, elementwise over n values.
-void swiglu(float* gate, const float* up, int64_t n);
+// The cosines and sines rope rotates by, [token][rope.n_dims/2] each: they
+// depend only on the positions and the parameters, so a backend computes them
+// once a batch and every layer's q and k reuse them.
+struct RopeTable {
+    int half = 0;  // rope.n_dims / 2
+    std::vector<float> cos, sin;
+};
+void rope_table(const int32_t* pos, int64_t rows, const RopeParams& rope, const float* freq_factors, RopeTable& out);
+// Rotates x by a table of at least x's rows (pairs as rope.neox says).
+void rope_apply(float* x, int64_t rows, int n_heads, int head_dim, bool neox, const RopeTable& table);
+
+// gate = silu(gate) * up, elementwise over n values: g / (1 + e^-g) * up,
+// e^ as expf_glibc (expf.h). path: the portable form (scalar) or AVX2 eight
+// lanes at a time, the same bits; by default the best the CPU has.
+void swiglu(float* gate, const float* up, int64_t n, quant::SimdPath path = quant::simd_path_best());
 
 // gate = gelu(gate) * up with GELU's tanh form: 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))),
 // tanh as tanh_fdlibm. path: the portable form (scalar) or AVX2 eight lanes at
@@ -61,7 +74,8 @@ struct KvRows {
 // position's K and V rows are converted once for the whole group. Online
 // softmax, so memory stays O(head_dim) whatever the context length; every sum
 // runs in position and element order.
-// path: the portable form (scalar), or on AVX2 a tile of this one token (the
+// e^ is expf_glibc (expf.h).
+// path: the portable form (scalar), or on AVX2 positions side by side (the
 // same bits, attention_avx2.cpp); by default the best the CPU has.
 void attention_kv_group(const float* q, int n_q, const KvRows& k, const KvRows& v, int first, int n_pos, int kv_head,
                         int head_dim, float scale, float* out, quant::SimdPath path = quant::simd_path_best());
@@ -91,6 +105,9 @@ void attention_tile(const AttentionTile& tile, const KvRows& k, const KvRows& v,
 namespace detail {
 // dst[i] = the f16 src[i] as f32 (F16C where the CPU has it: the same values).
 void fp16_row_to_fp32(const uint16_t* src, float* dst, int n);
+// dst[i] = fp32_to_fp16(src[i]) (F16C where the CPU has it: the same bits,
+// NaNs included). path: scalar forces the portable form.
+void fp32_row_to_fp16(const float* src, uint16_t* dst, int64_t n, quant::SimdPath path = quant::simd_path_best());
 
 // The online softmax of a tile, as both schedules of attention_tile keep it:
 // the queries transposed per head (qt[j][i][t]: one position's q·k for every
@@ -108,6 +125,8 @@ void geglu_portable(float* gate, const float* up, int64_t n);
 void geglu_avx2(float* gate, const float* up, int64_t n);  // x86-64 with AVX2 only
 void attention_tile_avx2(const AttentionTile& tile, const KvRows& k, const KvRows& v, int kv_head, int head_dim,
                          float scale);
+void attention_one_token_avx2(const float* q, int n_q, const KvRows& k, const KvRows& v, int first, int n_pos,
+                              int kv_head, int head_dim, float scale, float* out);
 }  // namespace detail
 
 }  // namespace tern::backend::cpu
