@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -36,6 +37,31 @@ bool weight_copies_on() {
     const char* v = std::getenv("TERN_CPU_WEIGHT_COPY");
     return !(v && std::string(v) == "0");
 }
+
+// n zeroed values from calloc: a large block comes straight from fresh
+// pages, which the C library knows are zero, so nothing is written and
+// memory is taken only as rows are used. The forward pass's workspace holds
+// logits for a whole batch (512 x 262,144 floats for Gemma 3) and the KV
+// pool a context that a run may never reach.
+template <class T>
+class ZeroedArray {
+public:
+    ZeroedArray() = default;
+    explicit ZeroedArray(size_t n) : data_(static_cast<T*>(std::calloc(n ? n : 1, sizeof(T)))), size_(n) {
+        if (!data_) throw std::bad_alloc();
+    }
+    T* data() { return data_.get(); }
+    const T* data() const { return data_.get(); }
+    T& operator[](size_t i) { return data_.get()[i]; }
+    size_t size() const { return size_; }
+
+private:
+    struct Free {
+        void operator()(T* p) const { std::free(p); }
+    };
+    std::unique_ptr<T[], Free> data_;
+    size_t size_ = 0;
+};
 
 class CpuBackend final : public Backend {
 public:
@@ -74,7 +100,7 @@ public:
         if (rows < 1 || cols < 1 || rows > (int64_t(1) << 40) / cols)
             return Error{"cpu alloc: bad shape " + std::to_string(rows) + " x " + std::to_string(cols)};
         try {
-            auto& buf = buffers_.emplace_back(size_t(rows * cols), 0.0f);
+            auto& buf = buffers_.emplace_back(size_t(rows * cols));
             return Tensor{buf.data(), rows, cols};
         } catch (const std::bad_alloc&) {
             return Error{"cpu alloc: out of memory for " + std::to_string(rows * cols * 4) + " bytes"};
@@ -89,8 +115,8 @@ public:
         try {
             kv_shape_ = s;
             const size_t half = s.bytes() / 2 / sizeof(uint16_t);
-            k_.assign(half, 0);
-            v_.assign(half, 0);
+            k_ = ZeroedArray<uint16_t>(half);
+            v_ = ZeroedArray<uint16_t>(half);
             pages_.init(s);
         } catch (const std::bad_alloc&) {
             return Error{"kv cache: out of memory for " + std::to_string(s.bytes()) + " bytes"};
@@ -414,7 +440,7 @@ private:
     std::shared_ptr<CommGroup> group_;
     HostGroup* host_;  // group_ when it is a host group (the only kind CPU ranks sum through), else null
     int rank_ = 0;
-    std::deque<std::vector<float>> buffers_;
+    std::deque<ZeroedArray<float>> buffers_;
     std::deque<std::vector<float>> small_f32_;
     cpu::WeightArena arena_;
     std::vector<quant::block_q8a> shared_xq_;  // matmul_shared's quantized input
@@ -428,7 +454,7 @@ private:
     std::vector<float> expert_x_, expert_y_;
     cpu::MatmulOptions matmul_opt_;
     KvCacheShape kv_shape_;
-    std::vector<uint16_t> k_, v_;
+    ZeroedArray<uint16_t> k_, v_;
     KvPageTable pages_;
     BatchLayout layout_;
     struct CachedRope {
