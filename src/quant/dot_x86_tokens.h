@@ -178,11 +178,17 @@ inline void half_scales_s8(__m128i s16, __m256i& lo, __m256i& hi) {
 
 // ---- 32-element types: a group is eight blocks -------------------------------
 
+// A group's eight blocks, by address: the blocks of a row, or at its ragged
+// end the row's last blocks and zero blocks (read where they lie: a tail
+// copied into a buffer first made every load of it wait on the copy's stores).
 template <class Block>
-inline void nibble_steps(const Block* w, __m256i* out) {
+using Blocks8 = const Block* const*;
+
+template <class Block>
+inline void nibble_steps(Blocks8<Block> w, __m256i* out) {
     const uint8_t* rows[8];
 #pragma GCC unroll 8
-    for (int j = 0; j < 8; ++j) rows[j] = w[j].qs;
+    for (int j = 0; j < 8; ++j) rows[j] = w[j]->qs;
     __m256i words[4];
     steps_from_rows16(rows, words);
     const __m256i m4 = _mm256_set1_epi8(0x0F);
@@ -194,11 +200,11 @@ inline void nibble_steps(const Block* w, __m256i* out) {
 }
 
 template <class Block>
-inline void nibble5_steps(const Block* w, __m256i* out) {
+inline void nibble5_steps(Blocks8<Block> w, __m256i* out) {
     nibble_steps(w, out);
-    const __m256i h = _mm256_setr_epi32(int(load_u32(w[0].qh)), int(load_u32(w[1].qh)), int(load_u32(w[2].qh)),
-                                        int(load_u32(w[3].qh)), int(load_u32(w[4].qh)), int(load_u32(w[5].qh)),
-                                        int(load_u32(w[6].qh)), int(load_u32(w[7].qh)));
+    const __m256i h = _mm256_setr_epi32(int(load_u32(w[0]->qh)), int(load_u32(w[1]->qh)), int(load_u32(w[2]->qh)),
+                                        int(load_u32(w[3]->qh)), int(load_u32(w[4]->qh)), int(load_u32(w[5]->qh)),
+                                        int(load_u32(w[6]->qh)), int(load_u32(w[7]->qh)));
 #pragma GCC unroll 8
     for (int s = 0; s < 8; ++s) out[s] = _mm256_or_si256(out[s], expand_word_bits(h, s, 0x10));
 }
@@ -211,7 +217,7 @@ struct Q4_0 {
     static constexpr int kOffsetShift = 3;
     static constexpr bool kMin = false;
     static constexpr bool kSmall = true;
-    static void steps(const Block* w, W* out) { nibble_steps(w, out); }
+    static void steps(Blocks8<Block> w, W* out) { nibble_steps(w, out); }
 };
 struct Q4_1 {
     using Block = block_q4_1;
@@ -219,7 +225,7 @@ struct Q4_1 {
     static constexpr int kOffsetShift = 0;
     static constexpr bool kMin = true;
     static constexpr bool kSmall = true;
-    static void steps(const Block* w, W* out) { nibble_steps(w, out); }
+    static void steps(Blocks8<Block> w, W* out) { nibble_steps(w, out); }
 };
 struct Q5_0 {
     using Block = block_q5_0;
@@ -227,7 +233,7 @@ struct Q5_0 {
     static constexpr int kOffsetShift = 4;
     static constexpr bool kMin = false;
     static constexpr bool kSmall = true;
-    static void steps(const Block* w, W* out) { nibble5_steps(w, out); }
+    static void steps(Blocks8<Block> w, W* out) { nibble5_steps(w, out); }
 };
 struct Q5_1 {
     using Block = block_q5_1;
@@ -235,7 +241,7 @@ struct Q5_1 {
     static constexpr int kOffsetShift = 0;
     static constexpr bool kMin = true;
     static constexpr bool kSmall = true;
-    static void steps(const Block* w, W* out) { nibble5_steps(w, out); }
+    static void steps(Blocks8<Block> w, W* out) { nibble5_steps(w, out); }
 };
 struct Q8_0 {
     using Block = block_q8_0;
@@ -243,10 +249,10 @@ struct Q8_0 {
     static constexpr int kOffsetShift = 0;
     static constexpr bool kMin = false;
     static constexpr bool kSmall = false;  // magnitudes up to 128
-    static void steps(const Block* w, W* out) {
+    static void steps(Blocks8<Block> w, W* out) {
         const uint8_t* rows[8];
 #pragma GCC unroll 8
-        for (int j = 0; j < 8; ++j) rows[j] = reinterpret_cast<const uint8_t*>(w[j].qs);
+        for (int j = 0; j < 8; ++j) rows[j] = reinterpret_cast<const uint8_t*>(w[j]->qs);
         __m256i v[8];
         steps_from_rows32(rows, v);
 #pragma GCC unroll 8
@@ -261,11 +267,18 @@ struct LegacyGroup {
     typename T::W w[8];
     __m256 dw, mw;
 
-    explicit LegacyGroup(const typename T::Block* blocks) {
+    explicit LegacyGroup(Blocks8<typename T::Block> blocks) {
         T::steps(blocks, w);
-        dw = half8(&blocks[0].d, sizeof(typename T::Block));
+        dw = halves(blocks, &T::Block::d);
         mw = _mm256_setzero_ps();
-        if constexpr (T::kMin) mw = half8(&blocks[0].m, sizeof(typename T::Block));
+        if constexpr (T::kMin) mw = halves(blocks, &T::Block::m);
+    }
+
+    // Lane j: the f16 field f of block j.
+    template <class F>
+    static __m256 halves(Blocks8<typename T::Block> b, F T::Block::*f) {
+        return _mm256_cvtph_ps(_mm_setr_epi16(short(b[0]->*f), short(b[1]->*f), short(b[2]->*f), short(b[3]->*f),
+                                              short(b[4]->*f), short(b[5]->*f), short(b[6]->*f), short(b[7]->*f)));
     }
 
     __m256 term(const int8_t* a, const float* d, const int32_t* sum) const {
@@ -443,17 +456,20 @@ void dot_legacy_tokens(const void* wv, const ActTokens& a, int n, int64_t k, flo
     int64_t b = 0;
     for (; b + 8 <= nb; b += 8) {
         prefetch_ahead<8 * sizeof(Block)>(w + b);
-        group_tokens(LegacyGroup<T>(w + b), a, b, n, acc);
+        const Block* group[8];
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; ++j) group[j] = w + b + j;
+        group_tokens(LegacyGroup<T>(group), a, b, n, acc);
     }
     if (b < nb) {
         // Ragged tail: zero blocks pad the group. Their lanes (zero weights,
         // zero activations from the packing) add +0.0f, which leaves an
         // accumulator that started at +0.0f unchanged, so lane b % 8 still
         // holds exactly the one-token kernel's sum.
-        Block tail[8];
-        std::memset(static_cast<void*>(tail), 0, sizeof tail);
-        std::memcpy(static_cast<void*>(tail), w + b, size_t(nb - b) * sizeof(Block));
-        group_tokens(LegacyGroup<T>(tail), a, b, n, acc);
+        static const Block zero{};
+        const Block* group[8];
+        for (int j = 0; j < 8; ++j) group[j] = b + j < nb ? w + b + j : &zero;
+        group_tokens(LegacyGroup<T>(group), a, b, n, acc);
     }
     for (int t = 0; t < n; ++t) out[t * out_stride] = fold8(acc[t]);
 }
