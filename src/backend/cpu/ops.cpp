@@ -271,7 +271,10 @@ void attention_kv_group(const float* q, int n_q, const KvRows& k, const KvRows& 
                         int head_dim, float scale, float* out, quant::SimdPath path) {
 #if defined(__x86_64__)
     if (n_pos > 0 && path != quant::SimdPath::scalar && quant::simd_path_available(quant::SimdPath::avx2)) {
-        return detail::attention_one_token_avx2(q, n_q, k, v, first, n_pos, kv_head, head_dim, scale, out);
+        const int last = first + n_pos - 1;
+        const int64_t row = int64_t(n_q) * head_dim;
+        return detail::attention_tile_avx2(AttentionTile{q, row, 1, n_q, &first, &last, out, row}, k, v, kv_head,
+                                           head_dim, scale);
     }
 #endif
     const size_t hd = static_cast<size_t>(head_dim);

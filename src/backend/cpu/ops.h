@@ -75,7 +75,7 @@ struct KvRows {
 // softmax, so memory stays O(head_dim) whatever the context length; every sum
 // runs in position and element order.
 // e^ is expf_glibc (expf.h).
-// path: the portable form (scalar), or on AVX2 positions side by side (the
+// path: the portable form (scalar), or on AVX2 a tile of this one token (the
 // same bits, attention_avx2.cpp); by default the best the CPU has.
 void attention_kv_group(const float* q, int n_q, const KvRows& k, const KvRows& v, int first, int n_pos, int kv_head,
                         int head_dim, float scale, float* out, quant::SimdPath path = quant::simd_path_best());
@@ -125,8 +125,6 @@ void geglu_portable(float* gate, const float* up, int64_t n);
 void geglu_avx2(float* gate, const float* up, int64_t n);  // x86-64 with AVX2 only
 void attention_tile_avx2(const AttentionTile& tile, const KvRows& k, const KvRows& v, int kv_head, int head_dim,
                          float scale);
-void attention_one_token_avx2(const float* q, int n_q, const KvRows& k, const KvRows& v, int first, int n_pos,
-                              int kv_head, int head_dim, float scale, float* out);
 }  // namespace detail
 
 }  // namespace tern::backend::cpu
