@@ -437,17 +437,21 @@ struct Q5_K : UnsignedScaled {
 
 // One group (built from the weights once) against every token: token t's
 // eight terms go into its accumulator, lane j <- block j, as in the one-token
-// kernels.
-template <class Group>
+// kernels. kN > 0: a count known at compile time (the accumulators stay in
+// registers); 0: n tokens.
+template <int kN, class Group>
 inline void group_tokens(const Group& g, const ActTokens& a, int64_t b, int n, __m256* acc) {
+    if constexpr (kN > 0) n = kN;
+#pragma GCC unroll 8
     for (int t = 0; t < n; ++t) {
         const int64_t at = t * a.stride + b;
         acc[t] = _mm256_add_ps(acc[t], g.term(a.qs + 32 * at, a.d + at, a.sum + at));
     }
 }
 
-template <class T>
-void dot_legacy_tokens(const void* wv, const ActTokens& a, int n, int64_t k, float* out, int64_t out_stride) {
+template <class T, int kN>
+void dot_legacy_tokens_n(const void* wv, const ActTokens& a, int n, int64_t k, float* out, int64_t out_stride) {
+    if constexpr (kN > 0) n = kN;
     using Block = typename T::Block;
     const auto* w = static_cast<const Block*>(wv);
     const int64_t nb = k / 32;
@@ -459,7 +463,7 @@ void dot_legacy_tokens(const void* wv, const ActTokens& a, int n, int64_t k, flo
         const Block* group[8];
 #pragma GCC unroll 8
         for (int j = 0; j < 8; ++j) group[j] = w + b + j;
-        group_tokens(LegacyGroup<T>(group), a, b, n, acc);
+        group_tokens<kN>(LegacyGroup<T>(group), a, b, n, acc);
     }
     if (b < nb) {
         // Ragged tail: zero blocks pad the group. Their lanes (zero weights,
@@ -469,21 +473,35 @@ void dot_legacy_tokens(const void* wv, const ActTokens& a, int n, int64_t k, flo
         static const Block zero{};
         const Block* group[8];
         for (int j = 0; j < 8; ++j) group[j] = b + j < nb ? w + b + j : &zero;
-        group_tokens(LegacyGroup<T>(group), a, b, n, acc);
+        group_tokens<kN>(LegacyGroup<T>(group), a, b, n, acc);
     }
     for (int t = 0; t < n; ++t) out[t * out_stride] = fold8(acc[t]);
 }
 
-template <class T>
-void dot_kquant_tokens(const void* wv, const ActTokens& a, int n, int64_t k, float* out, int64_t out_stride) {
+template <class T, int kN>
+void dot_kquant_tokens_n(const void* wv, const ActTokens& a, int n, int64_t k, float* out, int64_t out_stride) {
+    if constexpr (kN > 0) n = kN;
     const auto* w = static_cast<const typename T::Block*>(wv);
     __m256 acc[kDotMaxTokens];
     for (int t = 0; t < n; ++t) acc[t] = _mm256_setzero_ps();
     for (int64_t i = 0; i < k / QK_K; ++i) {
         prefetch_ahead<sizeof(typename T::Block)>(w + i);
-        group_tokens(T(w[i]), a, 8 * i, n, acc);
+        group_tokens<kN>(T(w[i]), a, 8 * i, n, acc);
     }
     for (int t = 0; t < n; ++t) out[t * out_stride] = fold8(acc[t]);
+}
+
+// A full set of tokens (every call of a long prompt but the last) with the
+// count fixed at compile time; fewer with it read at run time.
+template <class T>
+void dot_legacy_tokens(const void* w, const ActTokens& a, int n, int64_t k, float* out, int64_t out_stride) {
+    if (n == kDotMaxTokens) return dot_legacy_tokens_n<T, kDotMaxTokens>(w, a, n, k, out, out_stride);
+    dot_legacy_tokens_n<T, 0>(w, a, n, k, out, out_stride);
+}
+template <class T>
+void dot_kquant_tokens(const void* w, const ActTokens& a, int n, int64_t k, float* out, int64_t out_stride) {
+    if (n == kDotMaxTokens) return dot_kquant_tokens_n<T, kDotMaxTokens>(w, a, n, k, out, out_stride);
+    dot_kquant_tokens_n<T, 0>(w, a, n, k, out, out_stride);
 }
 
 // ---- float rows: NT tokens share each converted weight vector ------------------
