@@ -77,7 +77,7 @@ TEST(CpuAttention, TileTokensHaveTheirOwnBits) {
         // then underflow, through the exponential's special cases.
         for (const float q_scale : {1.0f, 40.0f}) {
             for (int n_t = 1; n_t <= kAttentionTileTokens; ++n_t)
-                for (int window : {0, 5}) {
+                for (int window : {0, 5, 23}) {  // 23: a window spanning more than one 16-position block
                     // A run of consecutive positions ending at n_pos - 1, as in a prefill.
                     std::vector<int> first(static_cast<size_t>(n_t)), last(static_cast<size_t>(n_t));
                     for (int t = 0; t < n_t; ++t) {

@@ -1,7 +1,8 @@
 // The CPU attention on AVX2 vectors: the arithmetic of the portable forms in
-// ops.cpp, lane for lane (each product rounded, then each sum; this file is
-// built without fused multiply-adds, and e^ is expf_glibc in both), so every
-// token gets the same bits. What changes is the schedule. A tile of tokens
+// ops.cpp, lane for lane (each product rounded, then each sum: this file is
+// built with -ffp-contract=off, and its only fused steps are expf_glibc's own,
+// which the portable form takes too), so every token gets the same bits.
+// What changes is the schedule. A tile of tokens
 // (one, at every decode step) walks the positions in blocks of sixteen:
 //   - the block's K rows are converted and transposed once for the tile, so
 //     that each position's q·k is one lane of a vector, summed in element
@@ -11,8 +12,7 @@
 //     rescalings come from vector exponentials;
 //   - the V update runs in position order with the numerator held in
 //     registers for the block, sixty-four floats at a time, and skips the
-//     rescaling where a position leaves the maximum where it was (e^0 is
-//     exactly 1, and a product by 1 is exact).
+//     rescaling wherever it is exactly 1 (a product by 1 is exact).
 // Compiled with -mavx2 -mfma -mf16c -ffp-contract=off and called only where
 // the CPU has AVX2 (cpu::attention_tile and cpu::attention_kv_group pick it).
 #if defined(__x86_64__)

@@ -38,9 +38,9 @@ bool weight_copies_on() {
     return !(v && std::string(v) == "0");
 }
 
-// n zeroed values from calloc: a large block comes straight from fresh
-// pages, which the C library knows are zero, so nothing is written and
-// memory is taken only as rows are used. The forward pass's workspace holds
+// n zeroed values from calloc: a large block (past the C library's mmap
+// threshold) comes straight from fresh pages, which it knows are zero, so
+// nothing is written and memory is taken only as rows are used. The forward pass's workspace holds
 // logits for a whole batch (512 x 262,144 floats for Gemma 3) and the KV
 // pool a context that a run may never reach.
 template <class T>

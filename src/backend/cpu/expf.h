@@ -23,6 +23,10 @@
 #endif
 
 namespace tern::backend::cpu {
+// Internal linkage: this header is compiled both with and without AVX2 and
+// FMA enabled, and a copy built for AVX2 must never be the one a portable
+// caller gets (as the linker may pick any one of an inline function's copies).
+namespace {
 namespace expf_detail {
 
 // T[i]: the bits of the double nearest 2^(i/32), less i << 47 (the exponent
@@ -118,4 +122,5 @@ __attribute__((target("avx2,fma"), always_inline)) inline __m256 expf_glibc_avx2
 }
 #endif
 
+}  // namespace
 }  // namespace tern::backend::cpu

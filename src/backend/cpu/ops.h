@@ -109,7 +109,7 @@ void fp16_row_to_fp32(const uint16_t* src, float* dst, int n);
 // NaNs included). path: scalar forces the portable form.
 void fp32_row_to_fp16(const float* src, uint16_t* dst, int64_t n, quant::SimdPath path = quant::simd_path_best());
 
-// The online softmax of a tile, as both schedules of attention_tile keep it:
+// The online softmax of a tile, as the portable attention_tile keeps it:
 // the queries transposed per head (qt[j][i][t]: one position's q·k for every
 // token are kAttentionTileTokens sums side by side), per (head j, token t)
 // at j * kAttentionTileTokens + t the running max m, denominator l and
