@@ -24,6 +24,7 @@
 #include "backend/cpu/expf.h"
 #include "backend/cpu/ops.h"
 #include "base/fp16.h"
+#include "tests/support/gated_forms.h"
 #include "tests/support/test_seed.h"
 
 namespace tern {
@@ -136,36 +137,21 @@ TEST(CpuOps, SwigluAvx2GivesThePortableBits) {
     std::mt19937 rng(test::run_seed() + 1);
     SCOPED_TRACE("seed " + std::to_string(test::run_seed()));
     std::normal_distribution<float> nd(0.0f, 1.0f);
-    for (int round = 0; round < 40; ++round) {
-        const int64_t n = round < 20 ? round : int64_t(rng() % 20000);  // ragged tails, and long runs
-        std::vector<float> gate(static_cast<size_t>(n)), up(static_cast<size_t>(n));
-        for (int64_t i = 0; i < n; ++i) {
-            switch (rng() % 4) {
-                case 0: gate[size_t(i)] = nd(rng); break;
-                case 1: gate[size_t(i)] = nd(rng) * 40.0f; break;  // e^-g past the special cases' edge
+    test::expect_avx2_gives_portable_bits(
+        backend::cpu::swiglu,
+        [&](std::mt19937& r) {
+            switch (r() % 4) {
+                case 0: return nd(r);
+                case 1: return nd(r) * 40.0f;  // e^-g past the special cases' edge
                 case 2:  // -g at the recorded edges
-                    gate[size_t(i)] =
-                        std::bit_cast<float>(kExpfRecorded[rng() % std::size(kExpfRecorded)][0] ^ 0x80000000u);
-                    break;
-                default: gate[size_t(i)] = std::bit_cast<float>(uint32_t(rng())); break;
+                    return std::bit_cast<float>(kExpfRecorded[r() % std::size(kExpfRecorded)][0] ^ 0x80000000u);
+                default: return std::bit_cast<float>(uint32_t(r()));
             }
-            up[size_t(i)] = nd(rng);
-        }
-        std::vector<float> a(size_t(n) + 1, 7.0f), b(size_t(n) + 1, 7.0f);
-        std::copy(gate.begin(), gate.end(), a.begin());
-        std::copy(gate.begin(), gate.end(), b.begin());
-        backend::cpu::swiglu(a.data(), up.data(), n, SimdPath::scalar);
-        backend::cpu::swiglu(b.data(), up.data(), n, SimdPath::avx2);
-        for (int64_t i = 0; i < n; ++i) {
-            ASSERT_TRUE(same(a[size_t(i)], b[size_t(i)]))
-                << "gate " << gate[size_t(i)] << " up " << up[size_t(i)] << ": " << a[size_t(i)] << " vs "
-                << b[size_t(i)];
-            const float g = gate[size_t(i)];  // and it is silu(g) * up
-            ASSERT_TRUE(same(a[size_t(i)], g / (1.0f + expf_glibc(-g)) * up[size_t(i)])) << "gate " << g;
-        }
-        ASSERT_EQ(a[size_t(n)], 7.0f);
-        ASSERT_EQ(b[size_t(n)], 7.0f);
-    }
+        },
+        [](float g, float up, float got) {  // and it is silu(g) * up
+            ASSERT_TRUE(same(got, g / (1.0f + expf_glibc(-g)) * up)) << "gate " << g;
+        },
+        rng);
 }
 
 // Floats that reach every branch of the conversion: each exponent from

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "backend/cpu/ops.h"
+#include "tests/support/gated_forms.h"
 #include "tests/support/test_seed.h"
 
 namespace tern {
@@ -26,11 +27,7 @@ namespace {
 using backend::cpu::expm1_fdlibm;
 using backend::cpu::tanh_fdlibm;
 
-// Same bits, with any NaN equal to any NaN of the same sign.
-bool same(float a, float b) {
-    if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b) && std::signbit(a) == std::signbit(b);
-    return std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b);
-}
+using test::same_float;
 
 bool libm_is_fdlibm() { return std::string(gnu_get_libc_version()) == "2.36"; }
 
@@ -60,8 +57,8 @@ TEST(Gelu, TanhIsTheCLibrarysWhereThatIsFdlibm) {
     for (float x : xs) {
         const float t = tanh_fdlibm(x);
         if (libm_is_fdlibm()) {
-            ASSERT_TRUE(same(t, std::tanh(x))) << "tanh(" << x << ") bits " << std::hex << std::bit_cast<uint32_t>(x);
-            ASSERT_TRUE(same(expm1_fdlibm(x), std::expm1(x))) << "expm1(" << x << ")";
+            ASSERT_TRUE(same_float(t, std::tanh(x))) << "tanh(" << x << ") bits " << std::hex << std::bit_cast<uint32_t>(x);
+            ASSERT_TRUE(same_float(expm1_fdlibm(x), std::expm1(x))) << "expm1(" << x << ")";
         }
         if (!std::isfinite(x)) continue;
         // Within two and a half ulps of the true value, whatever the library.
@@ -81,30 +78,17 @@ TEST(Gelu, Avx2GivesThePortableBits) {
     std::mt19937 rng(test::run_seed() + 1);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     const std::vector<float> edges = edge_values();
-    for (int round = 0; round < 40; ++round) {
-        const int64_t n = round < 20 ? round : int64_t(rng() % 20000);  // ragged tails, and long runs
-        std::vector<float> gate(static_cast<size_t>(n)), up(static_cast<size_t>(n));
-        for (int64_t i = 0; i < n; ++i) {
-            switch (rng() % 4) {
-                case 0: gate[size_t(i)] = nd(rng); break;
-                case 1: gate[size_t(i)] = nd(rng) * 8.0f; break;
-                case 2: gate[size_t(i)] = edges[rng() % edges.size()]; break;
-                default: gate[size_t(i)] = std::bit_cast<float>(uint32_t(rng())); break;
+    test::expect_avx2_gives_portable_bits(
+        backend::cpu::geglu,
+        [&](std::mt19937& r) {
+            switch (r() % 4) {
+                case 0: return nd(r);
+                case 1: return nd(r) * 8.0f;
+                case 2: return edges[r() % edges.size()];
+                default: return std::bit_cast<float>(uint32_t(r()));
             }
-            up[size_t(i)] = nd(rng);
-        }
-        // One more value past the end on each side of the output: never written.
-        std::vector<float> a(size_t(n) + 1, 7.0f), b(size_t(n) + 1, 7.0f);
-        std::copy(gate.begin(), gate.end(), a.begin());
-        std::copy(gate.begin(), gate.end(), b.begin());
-        backend::cpu::geglu(a.data(), up.data(), n, quant::SimdPath::scalar);
-        backend::cpu::geglu(b.data(), up.data(), n, quant::SimdPath::avx2);
-        for (int64_t i = 0; i < n; ++i)
-            ASSERT_TRUE(same(a[size_t(i)], b[size_t(i)]))
-                << "gate " << gate[size_t(i)] << " up " << up[size_t(i)] << ": " << a[size_t(i)] << " vs " << b[size_t(i)];
-        ASSERT_EQ(a[size_t(n)], 7.0f);
-        ASSERT_EQ(b[size_t(n)], 7.0f);
-    }
+        },
+        [](float, float, float) {}, rng);
 }
 
 TEST(Gelu, EveryFloat) {
@@ -115,7 +99,7 @@ TEST(Gelu, EveryFloat) {
     for (int64_t hi = 0; hi < 65536; ++hi)
         for (uint32_t lo = 0; lo < 65536; ++lo) {
             const float x = std::bit_cast<float>(uint32_t(hi) << 16 | lo);
-            bad += !same(tanh_fdlibm(x), std::tanh(x)) + !same(expm1_fdlibm(x), std::expm1(x));
+            bad += !same_float(tanh_fdlibm(x), std::tanh(x)) + !same_float(expm1_fdlibm(x), std::expm1(x));
         }
     EXPECT_EQ(bad, 0u);
 }

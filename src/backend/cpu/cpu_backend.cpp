@@ -218,23 +218,21 @@ public:
     // The batch's table for these parameters: computed by the first layer to
     // ask, reused by the rest (Gemma 3's local and global layers use two).
     const cpu::RopeTable& rope_table(const RopeParams& rope, int64_t rows) {
-        const float* factors = rope.freq_factors ? f32(*rope.freq_factors) : nullptr;
-        auto same = [&](const CachedRope& r) {
-            return r.valid && r.rows >= rows && r.n_dims == rope.n_dims && r.freq_base == rope.freq_base &&
-                   r.freq_scale == rope.freq_scale && r.attn_factor == rope.attn_factor && r.factors == factors;
+        auto same = [&](const CachedRope& r) {  // every field rope_table reads (not neox: rope_apply's)
+            const RopeParams& k = r.params;
+            return r.valid && r.rows >= rows && k.n_dims == rope.n_dims && k.freq_base == rope.freq_base &&
+                   k.freq_scale == rope.freq_scale && k.attn_factor == rope.attn_factor &&
+                   k.freq_factors == rope.freq_factors;
         };
         for (CachedRope& r : rope_tables_)
             if (same(r)) return r.table;
         CachedRope& r = rope_tables_[next_rope_table_];
         next_rope_table_ = (next_rope_table_ + 1) % rope_tables_.size();
-        cpu::rope_table(layout_.pos.data(), rows, rope, factors, r.table);
+        cpu::rope_table(layout_.pos.data(), rows, rope, rope.freq_factors ? f32(*rope.freq_factors) : nullptr,
+                        r.table);
         r.valid = true;
         r.rows = rows;
-        r.n_dims = rope.n_dims;
-        r.freq_base = rope.freq_base;
-        r.freq_scale = rope.freq_scale;
-        r.attn_factor = rope.attn_factor;
-        r.factors = factors;
+        r.params = rope;
         return r.table;
     }
 
@@ -460,9 +458,7 @@ private:
     struct CachedRope {
         bool valid = false;
         int64_t rows = 0;
-        int n_dims = 0;
-        float freq_base = 0, freq_scale = 0, attn_factor = 0;
-        const float* factors = nullptr;
+        RopeParams params;
         cpu::RopeTable table;
     };
     std::array<CachedRope, 2> rope_tables_;  // this batch's tables

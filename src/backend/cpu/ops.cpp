@@ -103,38 +103,36 @@ __attribute__((target("avx2,fma"))) void swiglu_avx2(float* gate, const float* u
 }
 #endif
 
-}  // namespace
-
-void swiglu(float* gate, const float* up, int64_t n, quant::SimdPath path) {
-    [[maybe_unused]] bool avx2 = false;
-#if defined(__x86_64__)
-    avx2 = path != quant::SimdPath::scalar && quant::simd_path_available(quant::SimdPath::avx2);
-#endif
+// gate = act(gate) * up in pieces of kPiece values on the threads, each by
+// the AVX2 form where `path` allows it (avx2_form null: none).
+using GatedForm = void (*)(float* gate, const float* up, int64_t n);
+void gated_in_pieces(float* gate, const float* up, int64_t n, quant::SimdPath path, GatedForm portable,
+                     GatedForm avx2_form) {
+    const bool avx2 = avx2_form && path != quant::SimdPath::scalar &&
+                      quant::simd_path_available(quant::SimdPath::avx2);
+    const GatedForm form = avx2 ? avx2_form : portable;
     constexpr int64_t kPiece = 4096;  // values a thread takes at once
     const int64_t pieces = (n + kPiece - 1) / kPiece;
     parallel_for(pieces, n >= kParallelMin, [&](int64_t c) {
-        const int64_t i = c * kPiece, len = std::min(kPiece, n - i);
-#if defined(__x86_64__)
-        if (avx2) return swiglu_avx2(gate + i, up + i, len);
-#endif
-        swiglu_portable(gate + i, up + i, len);
+        const int64_t i = c * kPiece;
+        form(gate + i, up + i, std::min(kPiece, n - i));
     });
 }
 
+#if defined(__x86_64__)
+constexpr GatedForm kSwigluAvx2 = swiglu_avx2, kGegluAvx2 = detail::geglu_avx2;
+#else
+constexpr GatedForm kSwigluAvx2 = nullptr, kGegluAvx2 = nullptr;
+#endif
+
+}  // namespace
+
+void swiglu(float* gate, const float* up, int64_t n, quant::SimdPath path) {
+    gated_in_pieces(gate, up, n, path, swiglu_portable, kSwigluAvx2);
+}
+
 void geglu(float* gate, const float* up, int64_t n, quant::SimdPath path) {
-    [[maybe_unused]] bool avx2 = false;
-#if defined(__x86_64__)
-    avx2 = path != quant::SimdPath::scalar && quant::simd_path_available(quant::SimdPath::avx2);
-#endif
-    constexpr int64_t kPiece = 4096;  // values a thread takes at once
-    const int64_t pieces = (n + kPiece - 1) / kPiece;
-    parallel_for(pieces, n >= kParallelMin, [&](int64_t c) {
-        const int64_t i = c * kPiece, len = std::min(kPiece, n - i);
-#if defined(__x86_64__)
-        if (avx2) return detail::geglu_avx2(gate + i, up + i, len);
-#endif
-        detail::geglu_portable(gate + i, up + i, len);
-    });
+    gated_in_pieces(gate, up, n, path, detail::geglu_portable, kGegluAvx2);
 }
 
 void scale(float* x, float s, int64_t n) {
