@@ -133,8 +133,11 @@ void attention_tile_avx2(const AttentionTile& a, const KvRows& k, const KvRows& 
     int lo = a.first[0], hi = a.last[0];
     for (int t = 1; t < a.n_t; ++t) lo = std::min(lo, a.first[t]), hi = std::max(hi, a.last[t]);
     // Scratch kept by each thread: calls come once a layer, tile and KV head.
+    // Only the running state starts from set values; the block buffers are
+    // written before they are read.
     thread_local std::vector<float> scratch;
-    scratch.assign(nt * nq * (hd + 2) + 3 * kBlock * hd + nq * kBlock, 0.0f);
+    const size_t need = nt * nq * (hd + 2) + 3 * kBlock * hd + nq * kBlock;
+    if (scratch.size() < need) scratch.resize(need);
     float* acc = scratch.data();          // [token][head][hd] numerators
     float* m = acc + nt * nq * hd;        // [token][head] running maxima
     float* l = m + nt * nq;               // [token][head] denominators
@@ -142,7 +145,9 @@ void attention_tile_avx2(const AttentionTile& a, const KvRows& k, const KvRows& 
     float* kt = kf + kBlock * hd;         // [hd][kBlock] transposed
     float* vf = kt + kBlock * hd;         // [kBlock][hd] the block's V rows
     float* dots = vf + kBlock * hd;       // [head][kBlock] one token's
+    std::fill(acc, acc + nt * nq * hd, 0.0f);
     std::fill(m, m + nt * nq, -INFINITY);
+    std::fill(l, l + nt * nq, 0.0f);
     const __m256 scale_v = _mm256_set1_ps(scale);
     for (int p0 = lo; p0 <= hi; p0 += kBlock) {
         const int np = std::min(kBlock, hi + 1 - p0);

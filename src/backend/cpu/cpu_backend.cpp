@@ -40,27 +40,24 @@ bool weight_copies_on() {
 
 // n zeroed values from calloc: a large block (past the C library's mmap
 // threshold) comes straight from fresh pages, which it knows are zero, so
-// nothing is written and memory is taken only as rows are used. The forward pass's workspace holds
-// logits for a whole batch (512 x 262,144 floats for Gemma 3) and the KV
-// pool a context that a run may never reach.
+// nothing is written and memory is taken only as rows are used. The forward
+// pass's workspace holds logits for a whole batch (512 x 262,144 floats for
+// Gemma 3) and the KV pool a context that a run may never reach.
 template <class T>
 class ZeroedArray {
 public:
     ZeroedArray() = default;
-    explicit ZeroedArray(size_t n) : data_(static_cast<T*>(std::calloc(n ? n : 1, sizeof(T)))), size_(n) {
+    explicit ZeroedArray(size_t n) : data_(static_cast<T*>(std::calloc(n ? n : 1, sizeof(T)))) {
         if (!data_) throw std::bad_alloc();
     }
     T* data() { return data_.get(); }
-    const T* data() const { return data_.get(); }
     T& operator[](size_t i) { return data_.get()[i]; }
-    size_t size() const { return size_; }
 
 private:
     struct Free {
         void operator()(T* p) const { std::free(p); }
     };
     std::unique_ptr<T[], Free> data_;
-    size_t size_ = 0;
 };
 
 class CpuBackend final : public Backend {
@@ -135,7 +132,7 @@ public:
 
     void set_batch(const BatchLayout& layout) override {
         layout_ = layout;
-        for (CachedRope& r : rope_tables_) r.valid = false;
+        for (CachedRope& r : rope_tables_) r.rows = 0;  // tables of the last batch's positions
     }
 
     void embed(const Weight& table, const std::vector<int32_t>& tokens, Tensor out) override {
@@ -220,7 +217,7 @@ public:
     const cpu::RopeTable& rope_table(const RopeParams& rope, int64_t rows) {
         auto same = [&](const CachedRope& r) {  // every field rope_table reads (not neox: rope_apply's)
             const RopeParams& k = r.params;
-            return r.valid && r.rows >= rows && k.n_dims == rope.n_dims && k.freq_base == rope.freq_base &&
+            return r.rows >= rows && k.n_dims == rope.n_dims && k.freq_base == rope.freq_base &&
                    k.freq_scale == rope.freq_scale && k.attn_factor == rope.attn_factor &&
                    k.freq_factors == rope.freq_factors;
         };
@@ -230,7 +227,6 @@ public:
         next_rope_table_ = (next_rope_table_ + 1) % rope_tables_.size();
         cpu::rope_table(layout_.pos.data(), rows, rope, rope.freq_factors ? f32(*rope.freq_factors) : nullptr,
                         r.table);
-        r.valid = true;
         r.rows = rows;
         r.params = rope;
         return r.table;
@@ -456,8 +452,7 @@ private:
     KvPageTable pages_;
     BatchLayout layout_;
     struct CachedRope {
-        bool valid = false;
-        int64_t rows = 0;
+        int64_t rows = 0;  // positions it holds: 0 until computed for this batch
         RopeParams params;
         cpu::RopeTable table;
     };
