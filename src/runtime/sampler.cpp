@@ -13,6 +13,8 @@
 #include <limits>
 #include <string>
 
+#include "backend/cpu/ops.h"
+
 namespace tern::runtime {
 namespace {
 
@@ -152,13 +154,9 @@ bool Sampler::prepare(const float* logits) {
     const bool penalties = params_.repeat_penalty != 1.0f || params_.frequency_penalty != 0.0f ||
                            params_.presence_penalty != 0.0f;
     if (greedy && (history_.empty() || !penalties)) {
-        // One pass over the logits as they are: the token the general path
-        // picks (NaN as -inf; a +inf beats every finite logit; ties: lowest id).
-        int best = -1;
-        for (int i = 0; i < n_vocab_; ++i) {
-            const float l = logits[i];
-            if (l > kNegInf && (best < 0 || l > logits[best])) best = i;
-        }
+        // The logits as they are: the token the general path picks (NaN as
+        // -inf; a +inf beats every finite logit; ties: lowest id).
+        const int best = int(backend::cpu::argmax_first(logits, n_vocab_));
         if (best >= 0) cands_.push_back({best, logits[best] == kPosInf ? 0.0f : logits[best]});
         return best >= 0;
     }
@@ -183,11 +181,7 @@ bool Sampler::prepare(const float* logits) {
             if (work_[size_t(i)] == kPosInf) cands_.push_back({i, 0.0f});
         if (!greedy && k > 0 && size_t(k) < cands_.size()) keep_top_k(size_t(k));
     } else if (greedy) {
-        int best = -1;
-        for (int i = 0; i < n_vocab_; ++i) {
-            const float l = work_[size_t(i)];
-            if (l > kNegInf && (best < 0 || l > work_[size_t(best)])) best = i;  // ties: lowest id
-        }
+        const int best = int(backend::cpu::argmax_first(work_.data(), n_vocab_));  // ties: lowest id
         if (best >= 0) cands_.push_back({best, work_[size_t(best)]});
     } else if (k > 0 && k < n_vocab_) {
         select_top_k(size_t(k));

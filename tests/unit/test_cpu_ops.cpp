@@ -4,7 +4,7 @@
 // values everywhere, and its AVX2 form against the scalar one; SwiGLU's AVX2
 // form against the portable one; the f16 row conversion the KV cache stores
 // with (every rounding case, NaNs and infinities); RoPE by a table computed
-// once a batch against the one-call form. Fresh random inputs each run,
+// once a batch against the one-call form; the greedy pick on every path. Fresh random inputs each run,
 // outputs poisoned first. TERN_EXPF_EXHAUSTIVE=1 checks expf on every one of
 // the 2^32 floats (about twenty seconds on two cores).
 #include <gtest/gtest.h>
@@ -201,6 +201,80 @@ TEST(CpuOps, Fp32RowToFp16GivesTheBitsOfFp32ToFp16) {
                     << "float bits " << std::hex << fp32_to_bits(cases[offset + size_t(i)]) << " path "
                     << quant::simd_path_name(path);
             EXPECT_EQ(got[size_t(n)], 0xdeadu) << "written past the end";
+        }
+    }
+}
+
+// The greedy pick as the sampler defines it: the first index of the largest
+// value above -inf, NaN never chosen; -1 when there is none.
+int64_t first_largest(const float* x, int64_t n) {
+    int64_t best = -1;
+    for (int64_t i = 0; i < n; ++i)
+        if (!std::isnan(x[i]) && x[i] != -INFINITY && (best < 0 || x[i] > x[best])) best = i;
+    return best;
+}
+
+TEST(CpuOps, ArgmaxFirstPicksTheFirstLargestOnEveryPath) {
+    constexpr float inf = std::numeric_limits<float>::infinity();
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    struct Case {
+        std::vector<float> x;
+        int64_t want;
+    };
+    const std::vector<Case> cases = {
+        {{}, -1},
+        {{nan, 1, 3, 3, nan}, 2},
+        {{-inf, -inf}, -1},
+        {{nan, nan, -inf}, -1},
+        {{-inf, -5}, 1},
+        {{-0.0f, 0.0f}, 0},
+        {{0.0f, -0.0f}, 0},
+        {{1, inf, 2, inf}, 1},
+        {{-std::numeric_limits<float>::max()}, 0},
+    };
+    for (SimdPath path : {SimdPath::scalar, quant::simd_path_best()})
+        for (const Case& c : cases)
+            EXPECT_EQ(backend::cpu::argmax_first(c.x.data(), int64_t(c.x.size()), path), c.want)
+                << "case of " << c.x.size() << " values, path " << quant::simd_path_name(path);
+
+    // A NaN after the largest, in every later position of a vector lane or
+    // the tail: a running maximum must not let it through.
+    for (int64_t n : {40, 67}) {
+        for (int64_t p = 0; p < n; ++p)
+            for (int64_t q = p + 1; q < n; ++q) {
+                std::vector<float> x(size_t(n), 1.0f);
+                x[size_t(p)] = 5.0f;
+                x[size_t(q)] = q % 2 ? nan : -nan;
+                for (SimdPath path : {SimdPath::scalar, quant::simd_path_best()})
+                    ASSERT_EQ(backend::cpu::argmax_first(x.data(), n, path), p)
+                        << "n " << n << ", largest at " << p << ", NaN at " << q;
+            }
+    }
+
+    std::mt19937 rng(test::run_seed());
+    SCOPED_TRACE("seed " + std::to_string(test::run_seed()));
+    std::normal_distribution<float> logit(0.0f, 4.0f);
+    const float specials[] = {nan, -nan, inf, -inf, 0.0f, -0.0f};
+    // Ragged lengths around the vector widths, and real vocabularies.
+    for (int64_t n : {1, 7, 8, 9, 31, 32, 33, 65, 1000, 32000, 49155, 262149}) {
+        for (int trial = 0; trial < 6; ++trial) {
+            std::vector<float> row(size_t(n) + 1);
+            for (float& v : row) v = logit(rng);
+            const float* x = row.data() + (trial & 1);  // unaligned starts too
+            float* w = row.data() + (trial & 1);
+            std::uniform_int_distribution<int64_t> at(0, n - 1);
+            if (trial >= 2) {  // ties of the largest, later and earlier than where it is
+                const int64_t top = first_largest(x, n);
+                for (int k = 0; k < 3; ++k) w[at(rng)] = x[top];
+            }
+            if (trial >= 3)  // specials sprinkled, sometimes over the largest
+                for (int k = 0; k < 4; ++k) w[at(rng)] = specials[std::uniform_int_distribution<int>(0, 5)(rng)];
+            if (trial == 5)  // nothing can be picked
+                for (int64_t i = 0; i < n; ++i) w[i] = i % 3 ? -inf : nan;
+            const int64_t want = first_largest(x, n);
+            for (SimdPath path : {SimdPath::scalar, quant::simd_path_best()})
+                ASSERT_EQ(backend::cpu::argmax_first(x, n, path), want)
+                    << "n " << n << " trial " << trial << " path " << quant::simd_path_name(path);
         }
     }
 }

@@ -54,6 +54,12 @@ void scale(float* x, float s, int64_t n);
 // summed in j order. 1 <= k <= n_expert.
 void route_top_k(const float* logits, int n_expert, int k, int32_t* ids, float* weights);
 
+// The greedy pick: the index of the first largest of x[0..n), NaN read as
+// -inf; -1 when no value is above -inf. path: the portable loop (scalar), or
+// on AVX2 two reads of the row (its maximum, then the first index holding
+// it), the same index on every input; by default the best the CPU has.
+int64_t argmax_first(const float* x, int64_t n, quant::SimdPath path = quant::simd_path_best());
+
 // A sequence's cached K (or V) rows, f16 [n_kv_heads][head_dim] a position:
 // position p's row lies in page pages[p >> page_shift] of the pool at base,
 // at row p mod 2^page_shift; without pages, rows follow each other from base.
