@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "server/json_value.h"
+#include "server/piece_event.h"
 #include "server/request.h"
 #include "text/reasoning.h"
 
@@ -17,7 +18,8 @@ namespace {
 
 using nlohmann::json;
 
-std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+std::string dump(const json& j) { return dump_json(j); }
+
 
 http::Response json_response(int status, std::string body) {
     http::Response r;
@@ -359,23 +361,27 @@ void Server::handle_generate(bool chat, const http::Request& req, std::shared_pt
         };
         stream = std::make_shared<SseStream>(reply, cancelled);
         if (chat) first_event = chunk(json{{"role", "assistant"}, {"content", ""}}, nullptr);
+        // The events of a piece: a completion's text, a chat reply's content or reasoning.
+        const PieceEvent text_event([&](const json& v) { return chunk(v, nullptr); });
+        const PieceEvent content_event([&](const json& v) { return chunk(json{{"content", v}}, nullptr); });
+        const PieceEvent reasoning_event([&](const json& v) { return chunk(json{{"reasoning_content", v}}, nullptr); });
         // The deltas of one piece: its reasoning, then its answer, each only when present.
         auto deltas = [=](const text::ReasoningSplitter::Pieces& p) {
             std::string out;
-            if (!p.reasoning.empty()) out += chunk(json{{"reasoning_content", p.reasoning}}, nullptr);
-            if (!p.content.empty()) out += chunk(json{{"content", p.content}}, nullptr);
+            if (!p.reasoning.empty()) out += reasoning_event(p.reasoning);
+            if (!p.content.empty()) out += content_event(p.content);
             return out;
         };
         auto held = std::make_shared<std::string>();  // tools: the reply's content, parsed at its end
         g.callbacks.on_text = [=](std::string_view piece) {
             if (!chat) {
-                stream->push(chunk(json(std::string(piece)), nullptr), false);
+                stream->push(text_event(piece), false);
             } else if (tools) {
                 const auto p = splitter ? splitter->push(piece) : text::ReasoningSplitter::Pieces{"", std::string(piece)};
-                if (!p.reasoning.empty()) stream->push(chunk(json{{"reasoning_content", p.reasoning}}, nullptr), false);
+                if (!p.reasoning.empty()) stream->push(reasoning_event(p.reasoning), false);
                 *held += p.content;
             } else if (!splitter) {
-                stream->push(chunk(json{{"content", std::string(piece)}}, nullptr), false);
+                stream->push(content_event(piece), false);
             } else if (const std::string out = deltas(splitter->push(piece)); !out.empty()) {
                 stream->push(out, false);
             }
@@ -386,10 +392,10 @@ void Server::handle_generate(bool chat, const http::Request& req, std::shared_pt
             if (tools) {
                 // The whole reply is known now: its content, then one delta per call.
                 text::ReasoningSplitter::Pieces rest = splitter ? splitter->finish() : text::ReasoningSplitter::Pieces{};
-                if (!rest.reasoning.empty()) out += chunk(json{{"reasoning_content", rest.reasoning}}, nullptr);
+                if (!rest.reasoning.empty()) out += reasoning_event(rest.reasoning);
                 *held += rest.content;
                 const ToolReply tr = parse_tool_reply(tool_format, *held, tool_request);
-                if (!tr.content.empty()) out += chunk(json{{"content", tr.content}}, nullptr);
+                if (!tr.content.empty()) out += content_event(tr.content);
                 const json calls = tool_calls_json(tr, id);
                 for (size_t i = 0; i < calls.size(); ++i) {
                     json delta = calls[i];
