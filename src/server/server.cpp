@@ -18,9 +18,6 @@ namespace {
 
 using nlohmann::json;
 
-std::string dump(const json& j) { return dump_json(j); }
-
-
 http::Response json_response(int status, std::string body) {
     http::Response r;
     r.status = status;
@@ -177,7 +174,7 @@ void Server::route(const http::Request& req, std::shared_ptr<http::Reply> reply)
         json m = {{"id", model_name_}, {"object", "model"}, {"created", unix_now()}, {"owned_by", "tern"},
                   {"meta", {{"n_ctx", scheduler_->n_ctx()}, {"n_vocab", engine_->n_vocab()},
                             {"n_slots", scheduler_->n_slots()}}}};
-        return answer(req, *reply, json_response(200, dump(json{{"object", "list"}, {"data", json::array({m})}})));
+        return answer(req, *reply, json_response(200, dump_json(json{{"object", "list"}, {"data", json::array({m})}})));
     }
     if (post && (req.path == "/v1/chat/completions" || req.path == "/v1/completions"))
         return handle_generate(req.path == "/v1/chat/completions", req, std::move(reply));
@@ -338,7 +335,7 @@ void Server::handle_generate(bool chat, const http::Request& req, std::shared_pt
                          {"choices", json::array({choice})}, {"usage", usage_json(r)},
                          {"timings", timings_json(r)}};
             count(endpoint, 200);
-            reply->send(json_response(200, dump(body)));
+            reply->send(json_response(200, dump_json(body)));
         };
         g.callbacks.on_error = [=, this](const std::string& message) {
             count(endpoint, 500);
@@ -357,7 +354,7 @@ void Server::handle_generate(bool chat, const http::Request& req, std::shared_pt
             json j = {{"id", id}, {"object", chunk_object}, {"created", created}, {"model", model},
                       {"choices", json::array({choice})}};
             if (include_usage) j["usage"] = nullptr;
-            return "data: " + dump(j) + "\n\n";
+            return "data: " + dump_json(j) + "\n\n";
         };
         stream = std::make_shared<SseStream>(reply, cancelled);
         if (chat) first_event = chunk(json{{"role", "assistant"}, {"content", ""}}, nullptr);
@@ -411,7 +408,7 @@ void Server::handle_generate(bool chat, const http::Request& req, std::shared_pt
                 json u = {{"id", id}, {"object", chunk_object}, {"created", created}, {"model", model},
                           {"choices", json::array()}, {"usage", usage_json(result)},
                           {"timings", timings_json(result)}};
-                out += "data: " + dump(u) + "\n\n";
+                out += "data: " + dump_json(u) + "\n\n";
             }
             stream->push(out + "data: [DONE]\n\n", true);
         };
