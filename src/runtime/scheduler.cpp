@@ -272,6 +272,14 @@ void Scheduler::finish(Slot& slot, bool ok, const std::string& error) {
     if (seq->req.callbacks.on_done) seq->req.callbacks.on_done(r);
 }
 
+void SchedulerStats::StepTimes::add(double s) {
+    size_t b = 0;
+    while (b < kStepBounds.size() && s > kStepBounds[b]) ++b;
+    ++in_bucket[b];
+    ++count;
+    seconds += s;
+}
+
 bool Scheduler::step() {
     const auto t_step = Clock::now();
     // Drop cancelled sequences first so their slots are free for the queue.
@@ -424,7 +432,12 @@ bool Scheduler::step() {
     stats_.generated_tokens += new_generated;
     stats_.kv_pages_held = pool_.held();
     stats_.kv_pages_kept = pool_.kept();
-    stats_.host_seconds += ms_between(t_sample, Clock::now()) / 1000.0;
+    const auto t_end = Clock::now();
+    stats_.host_seconds += ms_between(t_sample, t_end) / 1000.0;
+    const auto kind = n_decode == 0                ? SchedulerStats::kPromptOnly
+                      : batch.size() > n_decode ? SchedulerStats::kDecodeAndPrompt
+                                                : SchedulerStats::kDecodeOnly;
+    stats_.step_times[kind].add(ms_between(t_step, t_end) / 1000.0);
     return true;
 }
 

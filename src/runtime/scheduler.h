@@ -20,6 +20,7 @@
 // per-request queues that their own threads drain.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -89,6 +90,21 @@ struct SchedulerStats {
     int kv_page_size = 0;            // positions per page
     uint64_t prefix_tokens_reused = 0;  // prompt tokens whose K/V came from kept pages when admitted
     uint64_t preemptions = 0;        // sequences paused for want of pages
+
+    // How long whole steps took (forward and host work: a decoding stream's
+    // gap between tokens), by what they carried, in buckets of upper bounds
+    // kStepBounds seconds and one past the last: a tail of slow steps shows
+    // which kind it is.
+    enum StepKind { kDecodeOnly = 0, kDecodeAndPrompt = 1, kPromptOnly = 2, kStepKinds = 3 };
+    static constexpr std::array<double, 10> kStepBounds = {0.001, 0.002, 0.005, 0.01, 0.02,
+                                                          0.035, 0.05, 0.1, 0.2, 0.5};
+    struct StepTimes {
+        std::array<uint64_t, kStepBounds.size() + 1> in_bucket{};  // not cumulative
+        uint64_t count = 0;
+        double seconds = 0;
+        void add(double s);
+    };
+    std::array<StepTimes, kStepKinds> step_times;
 };
 
 class Scheduler {

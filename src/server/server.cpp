@@ -473,6 +473,26 @@ std::string Server::metrics_text() {
            double(st.prefix_tokens_reused));
     metric("tern_preemptions_total", "counter", "Sequences paused for want of KV pages (resumed later).",
            double(st.preemptions));
+    // A Prometheus histogram: cumulative buckets by upper bound, a sum and a count, per kind of step.
+    line("# HELP tern_step_seconds Wall time of whole scheduler steps (a decoding stream's gap between tokens), "
+         "by what they carried.");
+    line("# TYPE tern_step_seconds histogram");
+    const char* kinds[runtime::SchedulerStats::kStepKinds] = {"decode", "decode_and_prompt", "prompt"};
+    for (int k = 0; k < runtime::SchedulerStats::kStepKinds; ++k) {
+        const runtime::SchedulerStats::StepTimes& t = st.step_times[size_t(k)];
+        const std::string kind = std::string("kind=\"") + kinds[k] + "\"";
+        uint64_t below = 0;
+        char buf[96];
+        for (size_t b = 0; b < runtime::SchedulerStats::kStepBounds.size(); ++b) {
+            below += t.in_bucket[b];
+            std::snprintf(buf, sizeof buf, "%g", runtime::SchedulerStats::kStepBounds[b]);
+            line("tern_step_seconds_bucket{" + kind + ",le=\"" + buf + "\"} " + std::to_string(below));
+        }
+        line("tern_step_seconds_bucket{" + kind + ",le=\"+Inf\"} " + std::to_string(t.count));
+        std::snprintf(buf, sizeof buf, "%.6g", t.seconds);
+        line("tern_step_seconds_sum{" + kind + "} " + buf);
+        line("tern_step_seconds_count{" + kind + "} " + std::to_string(t.count));
+    }
     return out;
 }
 

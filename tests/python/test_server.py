@@ -181,6 +181,12 @@ def test_health_models_metrics_page(server):
                  "tern_kv_page_tokens", "tern_kv_pages_held", "tern_kv_pages_kept",
                  "tern_prefix_tokens_reused_total", "tern_preemptions_total"):
         assert re.search(rf"^{name} [0-9.e+]+$", text, re.M), name
+    # The step-time histogram: each kind's buckets climb to its count.
+    for kind in ("decode", "decode_and_prompt", "prompt"):
+        buckets = [int(n) for n in re.findall(rf'^tern_step_seconds_bucket{{kind="{kind}",le="[^"]+"}} (\d+)$', text, re.M)]
+        count = re.search(rf'^tern_step_seconds_count{{kind="{kind}"}} (\d+)$', text, re.M)
+        assert len(buckets) == 11 and count, kind
+        assert buckets == sorted(buckets) and buckets[-1] == int(count.group(1)), kind
 
 
 def test_openai_chat_stream_matches_non_stream(server):

@@ -104,6 +104,19 @@ void wait_until(F cond) {
     ASSERT_TRUE(cond());
 }
 
+TEST(SchedulerStats, StepTimesFallInTheBucketOfTheirUpperBound) {
+    SchedulerStats::StepTimes t;
+    t.add(0.0);                                    // the first bucket
+    t.add(SchedulerStats::kStepBounds[0]);         // on a bound: that bucket (Prometheus' "le")
+    t.add(SchedulerStats::kStepBounds[0] * 1.01);  // just above: the next
+    t.add(SchedulerStats::kStepBounds.back() * 2); // past the last bound: the overflow bucket
+    EXPECT_EQ(t.in_bucket[0], 2u);
+    EXPECT_EQ(t.in_bucket[1], 1u);
+    EXPECT_EQ(t.in_bucket.back(), 1u);
+    EXPECT_EQ(t.count, 4u);
+    EXPECT_DOUBLE_EQ(t.seconds, SchedulerStats::kStepBounds[0] * 2.01 + SchedulerStats::kStepBounds.back() * 2);
+}
+
 TEST(Scheduler, TogetherEqualsAlone) {
     const uint64_t seed = tern::test::run_seed() + 11;
     SCOPED_TRACE("seed " + std::to_string(seed));
@@ -141,6 +154,21 @@ TEST(Scheduler, TogetherEqualsAlone) {
         const SchedulerStats st = s.stats();
         EXPECT_GT(st.forward_seconds, 0.0);
         EXPECT_GT(st.host_seconds, 0.0);
+        // Every step is in the histogram of its kind: one request at a time,
+        // so each opens with prompt-only steps (a long prompt takes several)
+        // and goes on decoding alone.
+        uint64_t counted = 0;
+        for (const SchedulerStats::StepTimes& t : st.step_times) {
+            uint64_t in_buckets = 0;
+            for (uint64_t n : t.in_bucket) in_buckets += n;
+            EXPECT_EQ(in_buckets, t.count);
+            counted += t.count;
+        }
+        EXPECT_EQ(counted, st.steps);
+        EXPECT_GE(st.step_times[SchedulerStats::kPromptOnly].count, prompts.size());
+        EXPECT_GT(st.step_times[SchedulerStats::kDecodeOnly].count, 0u);
+        EXPECT_EQ(st.step_times[SchedulerStats::kDecodeAndPrompt].count, 0u);
+        EXPECT_GT(st.step_times[SchedulerStats::kDecodeOnly].seconds, 0.0);
     }
     // Six requests over four slots: two wait in the queue and join mid-way.
     std::vector<GenerateResult> together;
