@@ -7,6 +7,7 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 
@@ -19,7 +20,6 @@ inline std::string dump_json(const nlohmann::json& j) {
 
 class PieceEvent {
 public:
-    PieceEvent() = default;
     // make(value): the event with `value`, a JSON string, where the piece goes;
     // the placeholder must be the first string of its kind in the event (a
     // chunk's first key, "choices", holds it).
@@ -28,8 +28,9 @@ public:
         const std::string event = make(nlohmann::json(kPlaceholder));
         const std::string quoted = dump_json(nlohmann::json(kPlaceholder));
         const size_t at = event.find(quoted);
+        if (at == std::string::npos) throw std::logic_error("PieceEvent: the event does not hold its value");
         head_ = event.substr(0, at);
-        tail_ = at == std::string::npos ? std::string() : event.substr(at + quoted.size());
+        tail_ = event.substr(at + quoted.size());
     }
     std::string operator()(std::string_view piece) const {
         const std::string value = dump_json(nlohmann::json(std::string(piece)));
