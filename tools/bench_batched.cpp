@@ -53,7 +53,8 @@ std::pair<double, double> run_once(const char* cmd, runtime::Engine& e, int pp, 
     std::vector<std::vector<int32_t>> gen(static_cast<size_t>(tg));
     for (auto& g : gen) g = random_tokens(rng, pl, n_vocab);
 
-    std::vector<float> logits;
+    model::Logits logits;
+    logits.reserve(size_t(pl) * size_t(n_vocab));  // made before the clock starts (page-locked on a GPU)
     auto run = [&](const model::Batch& b) {
         if (Status s = fwd.run(b, logits); !s.ok()) fail(cmd, "forward pass: " + s.message());
     };

@@ -99,7 +99,7 @@ Status Forward::map_kv_pages(int slot, const std::vector<int32_t>& pages) {
     return {};
 }
 
-Status Forward::run(const Batch& batch, std::vector<float>& logits) {
+Status Forward::run(const Batch& batch, Logits& logits) {
     const Hparams& h = m_.hp;
     const int64_t n = int64_t(batch.size());
     if (n == 0) return Error{"forward: empty batch"};

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/host_memory.h"
 #include "base/result.h"
 #include "model/model.h"
 
@@ -39,6 +40,10 @@ struct Batch {
     size_t size() const { return tokens.size(); }
 };
 
+// A step's logits rows, in host memory a GPU's copy lands in directly
+// (backend/host_memory.h).
+using Logits = backend::HostVector<float>;
+
 constexpr int kKvPagesFit = -1;
 constexpr size_t kKvReserveBytes = size_t(1) << 30;  // for CUDA graphs, libraries, the attention workspace
 
@@ -49,7 +54,7 @@ public:
     virtual ~Pass() = default;
     // Runs the batch; on success `logits` holds logits_for.size() rows of
     // n_vocab (the output head's rows).
-    virtual Status run(const Batch& batch, std::vector<float>& logits) = 0;
+    virtual Status run(const Batch& batch, Logits& logits) = 0;
     virtual int max_tokens() const = 0;
     virtual int n_slots() const = 0;
     virtual int n_ctx() const = 0;
@@ -83,7 +88,7 @@ public:
 
     // Runs the batch; on success `logits` holds logits_for.size() rows of the
     // output head's rows (n_vocab; a tensor-parallel shard: its vocabulary rows).
-    Status run(const Batch& batch, std::vector<float>& logits) override;
+    Status run(const Batch& batch, Logits& logits) override;
 
     // Makes this pass one shard of a tensor-parallel model: the partial
     // outputs of wo and w_down go through the backend's all_reduce_sum (its

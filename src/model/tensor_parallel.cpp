@@ -204,7 +204,7 @@ struct TpForward::Rank {
     Model model;
     std::unique_ptr<backend::Backend> be;
     std::unique_ptr<Forward> fwd;
-    std::vector<float> logits;
+    Logits logits;  // its vocabulary columns of the wanted rows
     Status status;
 
     std::thread thread;
@@ -343,7 +343,7 @@ Status TpForward::map_kv_pages(int slot, const std::vector<int32_t>& pages) {
     return {};
 }
 
-Status TpForward::run(const Batch& batch, std::vector<float>& logits) {
+Status TpForward::run(const Batch& batch, Logits& logits) {
     group_->begin_pass();
     for (size_t r = 0; r < ranks_.size(); ++r) {
         Rank* rp = ranks_[r].get();
@@ -362,7 +362,7 @@ Status TpForward::run(const Batch& batch, std::vector<float>& logits) {
     for (size_t r = 0; r < ranks_.size(); ++r) {
         const TpRank& pr = plan_.ranks[r];
         const size_t width = size_t(pr.vocab_end - pr.vocab_begin);
-        const std::vector<float>& part = ranks_[r]->logits;
+        const Logits& part = ranks_[r]->logits;
         for (size_t t = 0; t < m; ++t)
             std::copy(part.begin() + int64_t(t * width), part.begin() + int64_t((t + 1) * width),
                       logits.begin() + int64_t(t * size_t(n_vocab_) + size_t(pr.vocab_begin)));

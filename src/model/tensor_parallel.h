@@ -85,7 +85,7 @@ public:
     ~TpForward() override;
 
     // As Forward::run: logits_for.size() rows of n_vocab.
-    Status run(const Batch& batch, std::vector<float>& logits) override;
+    Status run(const Batch& batch, Logits& logits) override;
     int max_tokens() const override { return max_tokens_; }
     int n_slots() const override { return n_slots_; }
     int n_ctx() const override { return n_ctx_; }

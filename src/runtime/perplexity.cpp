@@ -50,7 +50,7 @@ Result<PerplexityResult> compute_perplexity(Engine& engine, const std::vector<in
 
     PerplexityResult r;
     double nll_sum = 0, nll_sq_sum = 0;
-    std::vector<float> logits;
+    model::Logits logits;
     const auto t_start = std::chrono::steady_clock::now();
     for (int c = 0; c < n_chunks; ++c) {
         const auto t_chunk = std::chrono::steady_clock::now();

@@ -387,7 +387,7 @@ bool Scheduler::step() {
         return true;
     }
 
-    std::vector<float>& logits = logits_;  // kept across steps: no fresh pages to fault in each step
+    model::Logits& logits = logits_;  // kept across steps: no fresh pages to fault in each step
     const auto t_forward = Clock::now();
     const Status st = engine_.forward().run(batch, logits);
     const auto t_sample = Clock::now();

@@ -167,7 +167,7 @@ private:
     KvPagePool pool_;          // likewise
     uint64_t next_order_ = 0;  // admission order of the sequences
     bool short_of_pages_ = false;  // the last step paused a sequence or left one waiting for a page
-    std::vector<float> logits_;    // the last step's logits rows
+    model::Logits logits_;    // the last step's logits rows
 
     mutable std::mutex mu_;
     std::condition_variable cv_;

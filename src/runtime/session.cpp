@@ -25,13 +25,12 @@ const char* finish_reason_name(FinishReason r) {
 
 Session::Session(Engine& engine, int slot) : engine_(engine), slot_(slot) {}
 
-Result<std::vector<float>> Session::feed(const std::vector<int32_t>& tokens) {
+Status Session::feed(const std::vector<int32_t>& tokens) {
     model::Pass& fwd = engine_.forward();
     if (tokens.empty()) return Error{"nothing to evaluate"};
     if (cached_.size() + tokens.size() > size_t(fwd.n_ctx()))
         return Error{"context full: " + std::to_string(cached_.size() + tokens.size()) + " tokens do not fit in " +
                      std::to_string(fwd.n_ctx())};
-    std::vector<float> logits;
     const size_t chunk = size_t(fwd.max_tokens());
     for (size_t i = 0; i < tokens.size(); i += chunk) {
         const size_t n = std::min(chunk, tokens.size() - i);
@@ -41,12 +40,12 @@ Result<std::vector<float>> Session::feed(const std::vector<int32_t>& tokens) {
             b.add(tokens[i + j], int32_t(cached_.size()), slot_, last);
             cached_.push_back(tokens[i + j]);
         }
-        if (Status s = fwd.run(b, logits); !s.ok()) {
+        if (Status s = fwd.run(b, logits_); !s.ok()) {
             cached_.resize(cached_.size() - n);
             return Error{s.message()};
         }
     }
-    return logits;
+    return {};
 }
 
 Result<GenerateResult> Session::generate(const std::vector<int32_t>& prompt_in, const GenerateOptions& opt,
@@ -78,25 +77,22 @@ Result<GenerateResult> Session::generate(const std::vector<int32_t>& prompt_in, 
     cached_.resize(common);
 
     const auto t0 = std::chrono::steady_clock::now();
-    auto logits = feed(std::vector<int32_t>(prompt.begin() + int64_t(common), prompt.end()));
-    if (!logits.ok()) return logits.error();
+    if (Status s = feed(std::vector<int32_t>(prompt.begin() + int64_t(common), prompt.end())); !s.ok())
+        return Error{s.message()};
     const int n_prompt = int(prompt.size() - common);
     const double prompt_ms = ms_since(t0);
 
     TokenStream stream(tok, engine_.n_vocab(), n_ctx, opt, prompt);
     const auto t1 = std::chrono::steady_clock::now();
     auto emit = [&](const std::string& piece) { return piece.empty() || !on_text || on_text(piece); };
-    std::vector<float> cur = std::move(*logits);
     while (!stream.done()) {
-        const std::string piece = stream.advance(cur.data(), int(cached_.size()) >= n_ctx);
+        const std::string piece = stream.advance(logits_.data(), int(cached_.size()) >= n_ctx);
         if (!emit(piece)) {
             stream.cancel();
             break;
         }
         if (stream.done()) break;
-        auto l = feed({stream.next_token()});
-        if (!l.ok()) return l.error();
-        cur = std::move(*l);
+        if (Status s = feed({stream.next_token()}); !s.ok()) return Error{s.message()};
     }
     emit(stream.drain());
     GenerateResult r = std::move(stream.result());

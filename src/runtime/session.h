@@ -64,8 +64,9 @@ public:
     Result<GenerateResult> generate(const std::vector<int32_t>& prompt, const GenerateOptions& options,
                                     const TextCallback& on_text = {});
 
-    // Evaluates tokens after what the slot holds; returns the logits of the last one.
-    Result<std::vector<float>> feed(const std::vector<int32_t>& tokens);
+    // Evaluates tokens after what the slot holds; then logits() holds the last one's.
+    Status feed(const std::vector<int32_t>& tokens);
+    const model::Logits& logits() const { return logits_; }
 
     // Forgets the slot's contents.
     void reset() { cached_.clear(); }
@@ -75,6 +76,7 @@ private:
     Engine& engine_;
     int slot_;
     std::vector<int32_t> cached_;  // tokens whose K/V are in the slot, in order
+    model::Logits logits_;         // one buffer for every call (page-locked where a GPU runs)
 };
 
 }  // namespace tern::runtime

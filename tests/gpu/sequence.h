@@ -21,7 +21,7 @@ inline void run_sequence(model::Pass& f, int slot, const std::vector<int32_t>& p
                          std::vector<int32_t>& follow, size_t nv, std::vector<float>& rows) {
     model::Batch b;
     for (size_t i = 0; i < prompt.size(); ++i) b.add(prompt[i], int32_t(i), slot, true);
-    std::vector<float> out;
+    model::Logits out;
     const Status st = f.run(b, out);
     ASSERT_TRUE(st.ok()) << st.message();
     rows.insert(rows.end(), out.begin(), out.end());

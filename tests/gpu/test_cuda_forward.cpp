@@ -40,6 +40,7 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <span>
 #include <vector>
 
 #include "backend/backend.h"
@@ -119,7 +120,7 @@ struct Runner {
 
 // Every token alone, one call each; one row per token.
 void run_one_by_one(model::Forward& f, int slot, const std::vector<int32_t>& tokens, std::vector<float>& rows) {
-    std::vector<float> out;
+    model::Logits out;
     for (size_t i = 0; i < tokens.size(); ++i) {
         model::Batch one;
         one.add(tokens[i], int32_t(i), slot, true);
@@ -130,7 +131,7 @@ void run_one_by_one(model::Forward& f, int slot, const std::vector<int32_t>& tok
 }
 
 // Position of the first row where a and b differ in any bit, or -1.
-int64_t first_differing_row(const std::vector<float>& a, const std::vector<float>& b, size_t nv) {
+int64_t first_differing_row(std::span<const float> a, std::span<const float> b, size_t nv) {
     if (a.size() != b.size()) return 0;
     for (size_t i = 0; i < a.size(); ++i)
         if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) return int64_t(i / nv);
@@ -144,7 +145,7 @@ struct Agreement {
     int64_t worst_pos = -1;
     int64_t counted = 0, agreed = 0, positions = 0, agreed_all = 0;
 
-    void add(const std::vector<float>& cpu, const std::vector<float>& gpu, size_t nv) {
+    void add(std::span<const float> cpu, std::span<const float> gpu, size_t nv) {
         for (size_t p = 0; p < cpu.size() / nv; ++p, ++positions) {
             const float* c = cpu.data() + p * nv;
             const float* g = gpu.data() + p * nv;
@@ -371,7 +372,7 @@ TEST_F(CudaModel, SequenceAloneEqualsSequenceInABatch) {
                 b.add(prompt[s][i], int32_t(i), 2 + s, true);
                 owner.push_back(s);
             }
-    std::vector<float> out;
+    model::Logits out;
     ASSERT_TRUE(gpu.fwd->run(b, out).ok());
     for (size_t r = 0; r < owner.size(); ++r)
         together[owner[r]].insert(together[owner[r]].end(), out.begin() + int64_t(r * nv),
@@ -461,7 +462,7 @@ std::vector<int32_t> greedy(runtime::Engine& e, const std::vector<int32_t>& prom
     const size_t nv = size_t(e.n_vocab());
     model::Batch b;
     for (size_t i = 0; i < prompt.size(); ++i) b.add(prompt[i], int32_t(i), 0, i + 1 == prompt.size());
-    std::vector<float> logits;
+    model::Logits logits;
     std::vector<int32_t> out;
     if (!e.forward().run(b, logits).ok()) return out;
     for (int i = 0; i < n; ++i) {
@@ -557,7 +558,7 @@ void check_real_model(const std::string& path, const std::string& kGoldenPath) {
     prompt.resize(64);
     model::Batch b;
     for (size_t i = 0; i < prompt.size(); ++i) b.add(prompt[i], int32_t(i), 0, true);
-    std::vector<float> cpu_logits, gpu_logits;
+    model::Logits cpu_logits, gpu_logits;
     ASSERT_TRUE((*cpu)->forward().run(b, cpu_logits).ok());
     ASSERT_TRUE((*gpu)->forward().run(b, gpu_logits).ok());
     // Real models of 18 and 30 layers: where the two float orders land an

@@ -203,7 +203,7 @@ TEST_P(CudaTensorParallelTwo, TwoRanksMatchOneAndRepeatExactly) {
     EXPECT_EQ((*engine)->tp(), 2);
     model::Batch b;
     for (size_t i = 0; i < prompt.size(); ++i) b.add(prompt[i], int32_t(i), 0, true);
-    std::vector<float> via_engine;
+    model::Logits via_engine;
     ASSERT_TRUE((*engine)->forward().run(b, via_engine).ok());
     ASSERT_EQ(via_engine.size(), size_t(kPrompt) * nv);
     EXPECT_EQ(std::memcmp(via_engine.data(), got.data(), via_engine.size() * sizeof(float)), 0)

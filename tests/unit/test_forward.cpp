@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <functional>
 #include <random>
+#include <span>
 
 #include "backend/backend.h"
 #include "gguf/gguf.h"
@@ -57,7 +58,7 @@ std::string write_model(const Case& c, uint64_t seed) {
     return r.ok() ? *r : std::string();
 }
 
-double rel_error(const std::vector<float>& a, const std::vector<float>& b) {
+double rel_error(std::span<const float> a, std::span<const float> b) {
     double num = 0, den = 0;
     for (size_t i = 0; i < a.size(); ++i) {
         num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
@@ -100,7 +101,7 @@ TEST_P(ForwardVsReference, LogitsAgree) {
 
     model::Batch batch;
     for (size_t i = 0; i < tokens.size(); ++i) batch.add(tokens[i], int32_t(i), 0, true);
-    std::vector<float> logits;
+    model::Logits logits;
     ASSERT_TRUE((*fwd)->run(batch, logits).ok());
 
     ref::ReferenceForward reference(**file, m->hp, 64);
@@ -181,14 +182,14 @@ TEST(Forward, PrefillEqualsTokenByTokenDecode) {
 
     model::Batch prefill;  // slot 0, all at once
     for (size_t i = 0; i < tokens.size(); ++i) prefill.add(tokens[i], int32_t(i), 0, true);
-    std::vector<float> all;
+    model::Logits all;
     ASSERT_TRUE((*fwd)->run(prefill, all).ok());
 
     const size_t nv = size_t(m->hp.n_vocab);
     for (size_t i = 0; i < tokens.size(); ++i) {  // slot 1, one token per call
         model::Batch one;
         one.add(tokens[i], int32_t(i), 1, true);
-        std::vector<float> got;
+        model::Logits got;
         ASSERT_TRUE((*fwd)->run(one, got).ok());
         for (size_t j = 0; j < nv; ++j)
             ASSERT_EQ(got[j], all[i * nv + j]) << "token " << i << " logit " << j << " seed " << seed;
@@ -206,7 +207,7 @@ TEST(Forward, RejectsBadBatches) {
     ASSERT_TRUE(m.ok());
     auto fwd = model::Forward::create(*m, *be, 4, 1, 8);
     ASSERT_TRUE(fwd.ok());
-    std::vector<float> logits;
+    model::Logits logits;
     model::Batch b;
     EXPECT_FALSE((*fwd)->run(b, logits).ok());  // empty
     b.add(m->hp.n_vocab, 0, 0, true);
@@ -372,7 +373,7 @@ TEST(Forward, LongRopeFactorsFollowTheCacheLength) {
     EXPECT_EQ(model::rope_factors(*m, 32), &m->rope_short);
     EXPECT_EQ(model::rope_factors(*m, 33), &m->rope_long);
     const std::vector<int32_t> tokens = {5, 900, 17, 311, 64, 2, 1000, 77, 401, 12, 9, 300};
-    std::vector<float> by_ctx[2];
+    model::Logits by_ctx[2];
     const int ctxs[2] = {24, 64};
     for (int i = 0; i < 2; ++i) {
         auto fwd = model::Forward::create(*m, *be, 16, 1, ctxs[i]);
@@ -513,7 +514,7 @@ TEST(Forward, RopeFrequencyFactorsAndLinearScalingMatchReference) {
     for (auto& t : tokens) t = tok(rng);
     model::Batch batch;
     for (size_t i = 0; i < tokens.size(); ++i) batch.add(tokens[i], int32_t(i), 0, true);
-    std::vector<float> logits;
+    model::Logits logits;
     ASSERT_TRUE((*fwd)->run(batch, logits).ok());
 
     ref::ReferenceForward scaled(**file, m->hp), plain(**src, *hp0);

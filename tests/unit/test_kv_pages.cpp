@@ -205,7 +205,7 @@ TEST(KvPages, ForwardRefusesPositionsWithoutAPage) {
     EXPECT_EQ(pass.kv_page_size(), 32);
     model::Batch b;
     b.add(5, 0, 1, true);
-    std::vector<float> logits;
+    model::Logits logits;
     Status s = pass.run(b, logits);
     ASSERT_FALSE(s.ok());
     EXPECT_NE(s.message().find("has no KV page mapped"), std::string::npos) << s.message();

@@ -211,7 +211,7 @@ TEST(TensorParallelViews, RowAndColumnSlicesReadTheRightBlocks) {
         std::vector<float> x(size_t(n_tok * cols));
         std::normal_distribution<float> nd(0.0f, 1.0f);
         for (float& v : x) v = nd(rng);
-        std::vector<float> want(size_t(n_tok * rows)), sum(size_t(n_tok * rows), 0.0f);
+        model::Logits want(size_t(n_tok * rows)), sum(size_t(n_tok * rows), 0.0f);
         ASSERT_TRUE(backend::cpu::matmul(m.w, x.data(), n_tok, want.data()).ok());
         for (int64_t c0 = 0; c0 < cols; c0 += 2 * be) {
             auto part_w = model::weight_cols(m.w, c0, c0 + 2 * be);
@@ -261,14 +261,14 @@ constexpr int kPrompt = 20, kDecode = 8;
 
 // Rows of logits for a prompt then kDecode single-token steps; the decode
 // tokens are given (greedy picks of the unsharded run) so every runner sees the same sequence.
-using RunFn = std::function<Status(const model::Batch&, std::vector<float>&)>;
+using RunFn = std::function<Status(const model::Batch&, model::Logits&)>;
 
 std::vector<std::vector<float>> run_sequence(const RunFn& run, const std::vector<int32_t>& tokens, size_t n_vocab,
                                              std::vector<int32_t>* greedy_out) {
     std::vector<std::vector<float>> rows;
     model::Batch prefill;
     for (int i = 0; i < kPrompt; ++i) prefill.add(tokens[size_t(i)], i, 0, true);
-    std::vector<float> logits;
+    model::Logits logits;
     const Status s = run(prefill, logits);
     EXPECT_TRUE(s.ok()) << s.message();
     if (!s.ok()) return rows;
@@ -288,7 +288,7 @@ std::vector<std::vector<float>> run_sequence(const RunFn& run, const std::vector
         const Status d = run(one, logits);
         EXPECT_TRUE(d.ok()) << d.message();
         if (!d.ok()) return rows;
-        rows.push_back(logits);
+        rows.emplace_back(logits.begin(), logits.end());
     }
     return rows;
 }
@@ -332,7 +332,7 @@ TEST_P(CpuTp, EqualsUnshardedForward) {
     auto whole = model::Forward::create(*m, *be, kPrompt, 1, 64);
     ASSERT_TRUE(whole.ok()) << whole.error().message;
     std::vector<int32_t> greedy;
-    const auto want = run_sequence([&](const model::Batch& b, std::vector<float>& l) { return (*whole)->run(b, l); },
+    const auto want = run_sequence([&](const model::Batch& b, model::Logits& l) { return (*whole)->run(b, l); },
                                    tokens, nv, &greedy);
     ASSERT_EQ(want.size(), size_t(kPrompt + kDecode));
     tokens.insert(tokens.end(), greedy.begin(), greedy.end());
@@ -341,7 +341,7 @@ TEST_P(CpuTp, EqualsUnshardedForward) {
         SCOPED_TRACE("TP=" + std::to_string(n_ranks));
         auto tp = model::make_cpu_tensor_parallel(*m, n_ranks, kPrompt, 1, 64);
         ASSERT_TRUE(tp.ok()) << tp.error().message;
-        const auto got = run_sequence([&](const model::Batch& b, std::vector<float>& l) { return (*tp)->run(b, l); },
+        const auto got = run_sequence([&](const model::Batch& b, model::Logits& l) { return (*tp)->run(b, l); },
                                       tokens, nv, nullptr);
         ASSERT_EQ(got.size(), want.size());
         double worst = 0;
@@ -423,7 +423,7 @@ TEST(CpuTensorParallel, ErrorsReachTheCallerAndLeaveTheRanksUsable) {
 
     auto tp = model::make_cpu_tensor_parallel(*m, 2, 4, 1, 8);
     ASSERT_TRUE(tp.ok()) << tp.error().message;
-    std::vector<float> logits;
+    model::Logits logits;
     model::Batch b;
     b.add(m->hp.n_vocab, 0, 0, true);
     const Status s = (*tp)->run(b, logits);
@@ -466,7 +466,7 @@ TEST(CpuTensorParallel, EngineRunsRanksAndRefusesWhatCannotSplit) {
     std::mt19937_64 rng(o.seed);
     model::Batch b;
     for (int i = 0; i < 12; ++i) b.add(int32_t(rng() % uint64_t(o.shape.n_vocab)), i, 0, true);
-    std::vector<float> want, got;
+    model::Logits want, got;
     ASSERT_TRUE((*one)->forward().run(b, want).ok());
     ASSERT_TRUE((*two)->forward().run(b, got).ok());
     ASSERT_EQ(got.size(), want.size());

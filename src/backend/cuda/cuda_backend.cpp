@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/host_memory.h"
 #include "backend/kv_page_table.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/nccl_group.h"
@@ -49,6 +50,17 @@ struct DeviceWeight {
     size_t file_bytes = 0;        // the rows' bytes, packed
     bool deferred = false;        // uploaded at first matmul use (the embedding table)
 };
+
+// Page-locked host memory usable from every device (tensor parallelism); a
+// failed allocation leaves no error behind for a later check to find.
+void* pinned_host_alloc(size_t bytes) {
+    void* p = nullptr;
+    if (cudaHostAlloc(&p, bytes, cudaHostAllocPortable) == cudaSuccess) return p;
+    cudaGetLastError();
+    return nullptr;
+}
+void pinned_host_free(void* p) { cudaFreeHost(p); }
+constexpr PinnedMemory kPinnedHostMemory{pinned_host_alloc, pinned_host_free};
 
 class CudaBackend final : public Backend {
 public:
@@ -77,6 +89,9 @@ public:
         be->rank_ = rank;
         if (cudaError_t e = cudaStreamCreateWithFlags(&be->stream_, cudaStreamNonBlocking); e != cudaSuccess)
             return cuda_failure("cudaStreamCreate", e);
+        // Logits rows made from now on are page-locked: download() lands them
+        // in one DMA (backend/host_memory.h).
+        enable_pinned_host_memory(&kPinnedHostMemory);
         const char* layout = std::getenv("TERN_CUDA_Q6K");
         be->pad_q6k_ = !(layout && std::string(layout) == "raw");
         const char* graphs = std::getenv("TERN_CUDA_GRAPHS");
