@@ -39,6 +39,11 @@ int fitting_kv_pages(const backend::KvCacheShape& full, size_t free_bytes) {
 
 }  // namespace
 
+int64_t Forward::logits_rows(int64_t n_vocab, int64_t max_tokens) {
+    const int64_t fit = int64_t(kLogitsBytes / (size_t(std::max<int64_t>(n_vocab, 1)) * sizeof(float)));
+    return std::min(max_tokens, std::max(kLogitsMinRows, fit));
+}
+
 Result<std::unique_ptr<Forward>> Forward::create(const Model& model, backend::Backend& be, int max_tokens,
                                                  int n_slots, int n_ctx, int kv_pages) {
     if (max_tokens < 1) return Error{"forward: max_tokens must be at least 1"};
@@ -50,6 +55,7 @@ Result<std::unique_ptr<Forward>> Forward::create(const Model& model, backend::Ba
     std::unique_ptr<Forward> f(new Forward(model, be, *family, max_tokens));
     const Hparams& h = model.hp;
     const int64_t n = max_tokens;
+    f->logits_rows_ = logits_rows(model.output.rows, n);
     // A mixture of experts has n_expert_used FFN rows per token.
     const int64_t ff_rows = n * std::max(1, h.n_expert_used);
     struct Want { Tensor* t; int64_t rows, cols; };
@@ -60,7 +66,7 @@ Result<std::unique_ptr<Forward>> Forward::create(const Model& model, backend::Ba
         {&f->v_, n, int64_t(h.n_head_kv) * h.head_dim},
         {&f->att_, n, int64_t(h.n_head) * h.head_dim},
         {&f->gate_, ff_rows, h.n_ff},  {&f->up_, ff_rows, h.n_ff},
-        {&f->sel_, n, h.n_embd}, {&f->logits_, n, model.output.rows},
+        {&f->sel_, f->logits_rows_, h.n_embd}, {&f->logits_, f->logits_rows_, model.output.rows},
     };
     if (h.n_expert > 0) {
         wants.push_back({&f->router_, n, h.n_expert});
@@ -142,13 +148,20 @@ Status Forward::run(const Batch& batch, Logits& logits) {
         be_.synchronize();
         return be_.take_error();
     }
-    Tensor sel = sel_, out = logits_;
-    sel.rows = m;
-    out.rows = m;
-    be_.gather_rows(x, batch.logits_for, sel);
-    be_.rms_norm(sel, m_.output_norm, h.norm_eps, sel);
-    be_.matmul(m_.output, sel, out);
-    be_.download(out, logits.data());
+    // The head in pieces of logits_rows_ rows: a row's logits do not depend
+    // on the rows beside it, so the pieces give the bits of one call.
+    std::vector<int32_t> piece;
+    for (int64_t r0 = 0; r0 < m; r0 += logits_rows_) {
+        const int64_t r = std::min(logits_rows_, m - r0);
+        piece.assign(batch.logits_for.begin() + r0, batch.logits_for.begin() + r0 + r);
+        Tensor sel = sel_, out = logits_;
+        sel.rows = r;
+        out.rows = r;
+        be_.gather_rows(x, piece, sel);
+        be_.rms_norm(sel, m_.output_norm, h.norm_eps, sel);
+        be_.matmul(m_.output, sel, out);
+        be_.download(out, logits.data() + size_t(r0) * size_t(m_.output.rows));
+    }
     return be_.take_error();
 }
 

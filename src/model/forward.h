@@ -103,6 +103,15 @@ public:
     Status map_kv_pages(int slot, const std::vector<int32_t>& pages) override;
     size_t device_bytes() const override { return be_.device_bytes(); }
 
+    // The output head runs on at most this many rows at a time, so its
+    // workspace stays near kLogitsBytes whatever the vocabulary (Gemma 3's
+    // 262,144 entries times a 512-token batch would be 512 MiB), and never
+    // fewer than kLogitsMinRows: a step of up to 64 decoding sequences is one
+    // piece.
+    static constexpr size_t kLogitsBytes = size_t(64) << 20;
+    static constexpr int64_t kLogitsMinRows = 64;
+    static int64_t logits_rows(int64_t n_vocab, int64_t max_tokens);
+
 private:
     Forward(const Model& m, backend::Backend& be, const Family& family, int max_tokens)
         : m_(m), be_(be), family_(&family), max_tokens_(max_tokens) {}
@@ -110,6 +119,7 @@ private:
     backend::Backend& be_;
     const Family* family_;
     int max_tokens_;
+    int64_t logits_rows_ = 0;  // rows of one piece of the output head (logits_rows)
     backend::KvCacheShape kv_;
     std::vector<int> mapped_pages_;  // per slot: its first pages that are mapped
     bool shard_ = false;

@@ -198,6 +198,62 @@ TEST(Forward, PrefillEqualsTokenByTokenDecode) {
   }
 }
 
+// A vocabulary so wide that the output head runs in pieces (Forward::
+// logits_rows): every row of a prefill that wants all its logits is the row
+// one-token decode gives, on both sides of each piece's edge.
+TEST(Forward, OutputHeadInPiecesEqualsOneRowAtATime) {
+    const uint64_t seed = tern::test::run_seed();
+    model::SynthOptions o;
+    o.shape = *model::synth_preset("tiny");
+    o.shape.n_vocab = 300000;
+    o.shape.n_embd = 32;
+    o.shape.n_head = 2;
+    o.shape.n_head_kv = 2;
+    o.shape.n_ff = 64;
+    o.shape.n_layer = 1;
+    o.ftype = quant::FileType::Q8_0;  // rows of 32: the narrow model quantizes
+    o.seed = seed;
+    o.n_threads = 2;
+    auto path = test::write_temp_model("forward-wide-vocab-" + std::to_string(seed), o);
+    ASSERT_TRUE(path.ok()) << path.error().message;
+    auto file = gguf::File::open(*path);
+    ASSERT_TRUE(file.ok()) << file.error().message;
+    auto be = backend::make_cpu_backend(2);
+    auto m = model::load_model(**file, *be);
+    ASSERT_TRUE(m.ok()) << m.error().message;
+    const int n_tokens = 150;
+    const int64_t piece = model::Forward::logits_rows(m->hp.n_vocab, n_tokens);
+    ASSERT_EQ(piece, model::Forward::kLogitsMinRows);  // 300,000 floats a row: the floor
+    ASSERT_EQ(model::Forward::logits_rows(32000, n_tokens), n_tokens);  // a 32k vocabulary: one piece
+    auto fwd = model::Forward::create(*m, *be, n_tokens, 2, n_tokens);
+    ASSERT_TRUE(fwd.ok()) << fwd.error().message;
+
+    std::mt19937 rng(static_cast<uint32_t>(seed));
+    std::uniform_int_distribution<int32_t> tok(0, int32_t(m->hp.n_vocab) - 1);
+    std::vector<int32_t> tokens(static_cast<size_t>(n_tokens), 0);
+    for (auto& t : tokens) t = tok(rng);
+    model::Batch prefill;  // slot 0, every row's logits, in three pieces
+    for (size_t i = 0; i < tokens.size(); ++i) prefill.add(tokens[i], int32_t(i), 0, true);
+    model::Logits all;
+    all.assign(tokens.size() * size_t(m->hp.n_vocab), std::nanf(""));
+    ASSERT_TRUE((*fwd)->run(prefill, all).ok());
+    ASSERT_EQ(all.size(), tokens.size() * size_t(m->hp.n_vocab));
+
+    const size_t nv = size_t(m->hp.n_vocab);
+    const std::vector<size_t> checked = {0, size_t(piece) - 1, size_t(piece), 2 * size_t(piece) - 1,
+                                         2 * size_t(piece), tokens.size() - 1};
+    model::Logits got;
+    for (size_t i = 0; i < tokens.size(); ++i) {  // slot 1, one token per call
+        model::Batch one;
+        one.add(tokens[i], int32_t(i), 1, true);
+        ASSERT_TRUE((*fwd)->run(one, got).ok());
+        if (std::find(checked.begin(), checked.end(), i) == checked.end()) continue;
+        for (size_t j = 0; j < nv; ++j)
+            ASSERT_EQ(got[j], all[i * nv + j]) << "token " << i << " logit " << j << " seed " << seed;
+    }
+    std::filesystem::remove(*path);
+}
+
 TEST(Forward, RejectsBadBatches) {
     const std::string path = write_model(Case{"tiny", quant::FileType::Q8_0, 0}, 7);
     auto file = gguf::File::open(path);
