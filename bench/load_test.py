@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Load test of `tern serve`: N concurrent clients each stream a few
 completions from the default model; reports requests/s, total output tokens/s,
-time to first token and inter-token latency (median and p99) for each N.
+time to first token and inter-token latency (median and p99) for each N, and
+from the server's /metrics where its steps' time went (the forward calls; the
+scheduler's batch, draw and text parts; each kind of step's count and mean).
 
     python3 bench/load_test.py [--build build] [--clients 1,8,32] [--parallel 8]
                                [--requests 2] [--max-tokens 32] [--url http://host:port]
@@ -73,6 +75,37 @@ def one_request(host, port, prompt, max_tokens, api_key):
                 last = now
     conn.close()
     return ttft, gaps, tokens
+
+
+def server_steps(host, port, api_key):
+    """The scheduler's counters from /metrics: steps, forward and host seconds
+    by part, and each kind of step's count and seconds."""
+    conn = http.client.HTTPConnection(host, port, timeout=30)
+    conn.request("GET", "/metrics", headers={"Authorization": "Bearer " + api_key} if api_key else {})
+    text = conn.getresponse().read().decode()
+    out = {}
+    for key, pattern in (("steps", r"^tern_forward_steps_total (\S+)$"),
+                         ("forward", r"^tern_step_forward_seconds_total (\S+)$")):
+        m = re.search(pattern, text, re.M)
+        out[key] = float(m.group(1)) if m else 0.0
+    for part, v in re.findall(r'^tern_step_host_seconds_total{part="(\w+)"} (\S+)$', text, re.M):
+        out["host_" + part] = float(v)
+    for kind, v in re.findall(r'^tern_step_seconds_count{kind="(\w+)"} (\S+)$', text, re.M):
+        out["n_" + kind] = float(v)
+    for kind, v in re.findall(r'^tern_step_seconds_sum{kind="(\w+)"} (\S+)$', text, re.M):
+        out["s_" + kind] = float(v)
+    return out
+
+
+def describe_steps(before, after):
+    """One line: where the level's steps went (differences of server_steps)."""
+    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    steps = max(d.get("steps", 0.0), 1.0)
+    parts = " / ".join(f"{1000 * d.get('host_' + p, 0.0) / steps:.2f}" for p in ("batch", "draw", "text"))
+    kinds = ", ".join(f"{k} {int(d.get('n_' + k, 0))} x {1000 * d.get('s_' + k, 0.0) / max(d.get('n_' + k, 0.0), 1.0):.1f} ms"
+                      for k in ("decode", "decode_and_prompt", "prompt"))
+    return (f"  steps {int(d.get('steps', 0))}: forward {1000 * d.get('forward', 0.0) / steps:.2f} ms a step, "
+            f"host batch / draw / text {parts} ms; {kinds}")
 
 
 def run_level(host, port, n_clients, n_requests, max_tokens, api_key):
@@ -150,10 +183,13 @@ def main():
         print(f"{'clients':>7} {'reqs':>5} {'err':>4} {'req/s':>7} {'out tok/s':>9} {'TTFT med':>9} "
               f"{'TTFT p99':>9} {'ITL med':>8} {'ITL p99':>8}  (ms)")
         for n in [int(x) for x in args.clients.split(",")]:
+            before = server_steps(host, port, args.api_key)
             r = run_level(host, port, n, args.requests, args.max_tokens, args.api_key)
+            after = server_steps(host, port, args.api_key)
             print(f"{r['clients']:>7} {r['requests']:>5} {r['errors']:>4} {r['req_per_s']:>7.2f} "
                   f"{r['out_tok_per_s']:>9.1f} {r['ttft_median_ms']:>9.1f} {r['ttft_p99_ms']:>9.1f} "
                   f"{r['itl_median_ms']:>8.1f} {r['itl_p99_ms']:>8.1f}", flush=True)
+            print(describe_steps(before, after), flush=True)
             if r["first_error"]:
                 print("  first error:", r["first_error"])
     finally:

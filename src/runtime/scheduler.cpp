@@ -396,7 +396,7 @@ bool Scheduler::step() {
         std::lock_guard<std::mutex> lock(mu_);
         ++stats_.steps;
         stats_.forward_seconds += ms_between(t_forward, t_sample) / 1000.0;
-        stats_.host_seconds += ms_between(t_step, t_forward) / 1000.0;
+        stats_.host_seconds[SchedulerStats::kBatchPart] += ms_between(t_step, t_forward) / 1000.0;
     }
     if (!st.ok()) {
         for (size_t i : in_batch)
@@ -410,6 +410,7 @@ bool Scheduler::step() {
     // then, in order, what follows them, callbacks included.
 #pragma omp parallel for schedule(dynamic, 1) if (row_slot.size() > 1)
     for (size_t r = 0; r < row_slot.size(); ++r) slots_[row_slot[r]].seq->stream.draw(logits.data() + r * n_vocab);
+    const auto t_drawn = Clock::now();
     uint64_t new_prompt = 0, new_generated = 0;
     for (size_t r = 0; r < row_slot.size(); ++r) {
         Slot& slot = slots_[row_slot[r]];
@@ -433,7 +434,8 @@ bool Scheduler::step() {
     stats_.kv_pages_held = pool_.held();
     stats_.kv_pages_kept = pool_.kept();
     const auto t_end = Clock::now();
-    stats_.host_seconds += ms_between(t_sample, t_end) / 1000.0;
+    stats_.host_seconds[SchedulerStats::kDrawPart] += ms_between(t_sample, t_drawn) / 1000.0;
+    stats_.host_seconds[SchedulerStats::kTextPart] += ms_between(t_drawn, t_end) / 1000.0;
     const auto kind = n_decode == 0                ? SchedulerStats::kPromptOnly
                       : batch.size() > n_decode ? SchedulerStats::kDecodeAndPrompt
                                                 : SchedulerStats::kDecodeOnly;

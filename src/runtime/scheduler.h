@@ -83,7 +83,12 @@ struct SchedulerStats {
     double generate_seconds = 0;     // summed per-request decode time
     uint64_t steps = 0;              // forward calls
     double forward_seconds = 0;      // inside the forward calls of the steps
-    double host_seconds = 0;         // the rest of the steps: batching, sampling, detokenizing, callbacks
+    // The rest of the steps, the scheduler's own work, in three parts:
+    // building the batch (and dropping cancelled sequences), the draws of
+    // the next tokens, and what follows them (detokenizing, stop strings,
+    // the requests' callbacks).
+    enum HostPart { kBatchPart = 0, kDrawPart = 1, kTextPart = 2, kHostParts = 3 };
+    std::array<double, kHostParts> host_seconds{};
     int kv_pages = 0;                // the pool's pages (gauge)
     int kv_pages_held = 0;           // pages some sequence holds (gauge)
     int kv_pages_kept = 0;           // pages kept for their tokens, held or not (gauge)

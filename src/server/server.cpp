@@ -462,8 +462,15 @@ std::string Server::metrics_text() {
            st.generate_seconds > 0 ? double(st.generated_tokens) / st.generate_seconds : 0.0);
     metric("tern_forward_steps_total", "counter", "Batched forward calls.", double(st.steps));
     metric("tern_step_forward_seconds_total", "counter", "Seconds inside the steps' forward calls.", st.forward_seconds);
-    metric("tern_step_host_seconds_total", "counter",
-           "Seconds of the steps' own host work: batching, sampling, detokenizing, callbacks.", st.host_seconds);
+    line("# HELP tern_step_host_seconds_total Seconds of the steps' own host work, by part: building the batch, "
+         "drawing the next tokens, and their text and callbacks.");
+    line("# TYPE tern_step_host_seconds_total counter");
+    const char* parts[runtime::SchedulerStats::kHostParts] = {"batch", "draw", "text"};
+    for (int p = 0; p < runtime::SchedulerStats::kHostParts; ++p) {
+        char buf[64];
+        std::snprintf(buf, sizeof buf, "%.6g", st.host_seconds[size_t(p)]);
+        line(std::string("tern_step_host_seconds_total{part=\"") + parts[p] + "\"} " + buf);
+    }
     metric("tern_kv_pages", "gauge", "Pages of the KV pool.", st.kv_pages);
     metric("tern_kv_page_tokens", "gauge", "Positions per KV page.", st.kv_page_size);
     metric("tern_kv_pages_held", "gauge", "KV pages held by running sequences.", st.kv_pages_held);

@@ -177,10 +177,12 @@ def test_health_models_metrics_page(server):
     assert 'tern_requests_total{endpoint="/health",status="200"}' in text
     for name in ("tern_prompt_tokens_total", "tern_generated_tokens_total", "tern_queue_depth",
                  "tern_active_sequences", "tern_prompt_tokens_per_second", "tern_generation_tokens_per_second",
-                 "tern_step_forward_seconds_total", "tern_step_host_seconds_total", "tern_kv_pages",
+                 "tern_step_forward_seconds_total", "tern_kv_pages",
                  "tern_kv_page_tokens", "tern_kv_pages_held", "tern_kv_pages_kept",
                  "tern_prefix_tokens_reused_total", "tern_preemptions_total"):
         assert re.search(rf"^{name} [0-9.e+]+$", text, re.M), name
+    for part in ("batch", "draw", "text"):
+        assert re.search(rf'^tern_step_host_seconds_total{{part="{part}"}} [0-9.e+-]+$', text, re.M), part
     # The step-time histogram: each kind's buckets climb to its count.
     for kind in ("decode", "decode_and_prompt", "prompt"):
         buckets = [int(n) for n in re.findall(rf'^tern_step_seconds_bucket{{kind="{kind}",le="[^"]+"}} (\d+)$', text, re.M)]
