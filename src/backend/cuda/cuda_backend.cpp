@@ -90,8 +90,10 @@ public:
         if (cudaError_t e = cudaStreamCreateWithFlags(&be->stream_, cudaStreamNonBlocking); e != cudaSuccess)
             return cuda_failure("cudaStreamCreate", e);
         // Logits rows made from now on are page-locked: download() lands them
-        // in one DMA (backend/host_memory.h).
-        enable_pinned_host_memory(&kPinnedHostMemory);
+        // in one DMA (backend/host_memory.h). TERN_CUDA_PINNED_LOGITS=0: plain
+        // memory, for A/B runs.
+        const char* pinned = std::getenv("TERN_CUDA_PINNED_LOGITS");
+        if (!(pinned && std::string(pinned) == "0")) enable_pinned_host_memory(&kPinnedHostMemory);
         const char* layout = std::getenv("TERN_CUDA_Q6K");
         be->pad_q6k_ = !(layout && std::string(layout) == "raw");
         const char* graphs = std::getenv("TERN_CUDA_GRAPHS");
