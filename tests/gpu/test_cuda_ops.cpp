@@ -594,8 +594,10 @@ TEST_F(CudaOps, AttentionMatchesCpu) {
     // row); a prefill-like batch mixing two sequences and a decode token (tiles
     // of one slot share staged K/V, tiles across the seam read their own); one
     // sequence's prefill with a token outside the cache in its midst; a decode
-    // step of 64 sequences (slots taking turns) at random depths.
-    std::vector<std::vector<std::pair<int32_t, int32_t>>> batches(5);
+    // step of 64 sequences (slots taking turns) at random depths; a server
+    // step with decoding tokens around a prompt. Each also with tiles by runs
+    // of one slot (attention_tiles), as the backend launches prefill.
+    std::vector<std::vector<std::pair<int32_t, int32_t>>> batches(6);
     batches[0] = {{int32_t(uniform_int(0, kSlots - 1)), int32_t(uniform_int(1000, kCtx - 1))}};
     batches[1] = {{0, 0},   {1, kSegment - 1}, {2, kSegment}, {0, 2 * kSegment - 1}, {1, 2 * kSegment},
                   {2, kCtx - 1}, {1, kCtx}};
@@ -604,7 +606,12 @@ TEST_F(CudaOps, AttentionMatchesCpu) {
     batches[2].push_back({1, 1400});
     for (int32_t p = 90; p < 127; ++p) batches[3].push_back({1, p == 95 ? kCtx : p});
     for (int32_t i = 0; i < 64; ++i) batches[4].push_back({i % kSlots, int32_t(uniform_int(0, kCtx - 1))});
-    constexpr int64_t kMaxBatch = 71;
+    // A server step: decoding tokens of two sequences, then a prompt of 70
+    // tokens (two tiles), then another decoding token.
+    batches[5] = {{0, 900}, {1, 33}};
+    for (int32_t p = 200; p < 270; ++p) batches[5].push_back({2, p});
+    batches[5].push_back({0, 1200});
+    constexpr int64_t kMaxBatch = 73;
     constexpr size_t kGuard = 64;
 
     for (const Config& c : configs) {
@@ -667,12 +674,13 @@ TEST_F(CudaOps, AttentionMatchesCpu) {
             // Tokens [first, first + n) of the batch. Workspace null forces the
             // direct path; with it, the kind and the size pick split or direct.
             auto run = [&](int64_t first, int64_t n, bool allow_split, cuda::AttnBatch kind,
-                           std::vector<float>& result) {
+                           std::vector<float>& result, cuda::AttnTiles tiles = {}) {
                 DeviceBuffer<float> dout(size_t(n) * row + kGuard);
                 dout.poison();
                 workspace.poison();
                 cuda::attention(layer, dq.get() + first * int64_t(row), n, c.n_heads, scale, window, dslot.get() + first,
-                                dpos.get() + first, dout.get(), allow_split ? workspace.get() : nullptr, kind, nullptr);
+                                dpos.get() + first, dout.get(), allow_split ? workspace.get() : nullptr, kind, nullptr,
+                                tiles);
                 ASSERT_NO_FATAL_FAILURE(sync_ok());
                 result = dout.download();
                 for (size_t i = size_t(n) * row; i < result.size(); ++i)
@@ -699,6 +707,34 @@ TEST_F(CudaOps, AttentionMatchesCpu) {
                     ASSERT_NO_FATAL_FAILURE(same_bits(other, 0, std::string(allow_split ? "workspace" : "no workspace") +
                                                                     (kind == cuda::AttnBatch::Decode ? ", decode" : ", prefill")));
                 }
+            // Tiles by runs of one slot (what the backend passes): the same bits.
+            for (const bool allow_split : {true, false}) {
+                const int tile_tokens = cuda::attention_tile_tokens(c.n_heads, c.n_kv_heads, c.head_dim, kCtx, window,
+                                                                    n_tokens, cuda::AttnBatch::Prefill, allow_split);
+                if (tile_tokens == 0) continue;
+                std::vector<int32_t> starts(size_t(n_tokens) + 1, -1);
+                const int64_t n_tiles = cuda::attention_tiles(slot.data(), n_tokens, tile_tokens, starts.data());
+                // Each tile: one slot, at most tile_tokens tokens, a new one at each change of slot.
+                ASSERT_GE(n_tiles, 1);
+                ASSERT_EQ(starts[0], 0);
+                ASSERT_EQ(starts[size_t(n_tiles)], n_tokens);
+                for (int64_t i = 0; i < n_tiles; ++i) {
+                    ASSERT_LT(starts[size_t(i)], starts[size_t(i) + 1]);
+                    ASSERT_LE(starts[size_t(i) + 1] - starts[size_t(i)], tile_tokens);
+                    for (int32_t t = starts[size_t(i)] + 1; t < starts[size_t(i) + 1]; ++t)
+                        ASSERT_EQ(slot[size_t(t)], slot[size_t(t) - 1]) << "tile " << i << " holds two slots";
+                    const int32_t b = starts[size_t(i)];
+                    if (i > 0 && slot[size_t(b)] == slot[size_t(b) - 1]) {
+                        ASSERT_EQ(b - starts[size_t(i) - 1], tile_tokens) << "tile " << i - 1 << " cut short";
+                    }
+                }
+                starts.resize(size_t(n_tiles) + 1);
+                DeviceBuffer<int32_t> dstarts(starts);
+                std::vector<float> other;
+                ASSERT_NO_FATAL_FAILURE(run(0, n_tokens, allow_split, cuda::AttnBatch::Prefill, other,
+                                            cuda::AttnTiles{dstarts.get(), n_tiles, tile_tokens}));
+                ASSERT_NO_FATAL_FAILURE(same_bits(other, 0, "tiles by runs"));
+            }
             for (int64_t t = 0; t < n_tokens; ++t) {
                 std::vector<float> alone;
                 ASSERT_NO_FATAL_FAILURE(run(t, 1, true, cuda::AttnBatch::Decode, alone));

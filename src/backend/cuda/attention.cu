@@ -865,15 +865,23 @@ bool tensor_cores_on() {
 // The tensor-core kernel (attention_mma.cu) for the head shapes it takes.
 // Tiles: one token per CTA for decode batches and small ones (their tokens
 // usually belong to different sequences), else about 64 rows of (token, head).
-void launch_mma(const KvLayer& kv, const float* q, int64_t n_tokens, int n_heads, float scale, const int32_t* slot,
-                const int32_t* pos, float* out, float* workspace, bool split, AttnBatch kind, cudaStream_t stream) {
+int mma_tile_tokens(int group, int64_t n_tokens, bool split, AttnBatch kind) {
     constexpr int kSmallBatch = 16;
-    const int group = n_heads / kv.n_kv_heads;
     const bool per_token = split || kind == AttnBatch::Decode || n_tokens <= kSmallBatch;
-    const int tile_tokens = per_token ? 1 : std::max(1, 64 / group);
+    return per_token ? 1 : std::max(1, 64 / group);
+}
+
+// Where the table was made for these tiles (else uniform tiles: a tile may
+// then hold several sequences, each its own pass).
+void launch_mma(const KvLayer& kv, const float* q, int64_t n_tokens, int n_heads, float scale, const int32_t* slot,
+                const int32_t* pos, float* out, float* workspace, bool split, AttnBatch kind, AttnTiles tiles,
+                cudaStream_t stream) {
+    const int tile_tokens = mma_tile_tokens(n_heads / kv.n_kv_heads, n_tokens, split, kind);
+    const bool table = tile_tokens > 1 && tiles.starts && tiles.tile_tokens == tile_tokens;
     const Partials part = split ? split_partials(workspace, n_tokens, n_heads, kv) : Partials{};
     const int seg = segment_length(kv.n_ctx);
-    attn::attention_mma(kv, q, n_tokens, n_heads, scale, slot, pos, out, part, seg, tile_tokens, stream);
+    attn::attention_mma(kv, q, n_tokens, n_heads, scale, slot, pos, out, part, seg, tile_tokens,
+                        table ? tiles.starts : nullptr, table ? tiles.count : 0, stream);
     if (split) combine(kv, n_tokens, n_heads, slot, pos, part, seg, /*window=*/0, out, stream);
 }
 
@@ -898,9 +906,37 @@ size_t attention_workspace_bytes(int64_t n_tokens, int n_heads, int head_dim, in
     return size_t(tokens) * split_bytes_per_token(n_heads, head_dim, n_ctx);
 }
 
+namespace {
+
+// The tensor-core kernel takes the layer: no window, a shape it handles.
+bool takes_mma(int group, int head_dim, int window, int n_ctx) {
+    const bool windowed = window > 0 && window < n_ctx;
+    return !windowed && tensor_cores_on() && attn::mma_takes(group, head_dim);
+}
+
+}  // namespace
+
+int attention_tile_tokens(int n_heads, int n_kv_heads, int head_dim, int n_ctx, int window, int64_t n_tokens,
+                          AttnBatch kind, bool has_workspace) {
+    if (!attention_supported(n_heads, n_kv_heads, head_dim) || n_tokens <= 0) return 0;
+    const int group = n_heads / n_kv_heads;
+    if (!takes_mma(group, head_dim, window, n_ctx)) return 0;
+    const bool split = has_workspace && attention_splits(n_tokens, n_heads, head_dim, n_ctx, kind);
+    const int tokens = mma_tile_tokens(group, n_tokens, split, kind);
+    return tokens > 1 ? tokens : 0;
+}
+
+int64_t attention_tiles(const int32_t* slot, int64_t n_tokens, int tile_tokens, int32_t* starts) {
+    int64_t n = 0;
+    for (int64_t t = 0; t < n_tokens; ++t)
+        if (t == 0 || slot[t] != slot[t - 1] || t - starts[n - 1] == tile_tokens) starts[n++] = int32_t(t);
+    starts[n] = int32_t(n_tokens);
+    return n;
+}
+
 void attention(const KvLayer& kv, const float* q, int64_t n_tokens, int n_heads, float scale, int window,
                const int32_t* slot, const int32_t* pos, float* out, float* workspace, AttnBatch kind,
-               cudaStream_t stream) {
+               cudaStream_t stream, AttnTiles tiles) {
     if (n_tokens <= 0 || kv.n_ctx <= 0 || !attention_supported(n_heads, kv.n_kv_heads, kv.head_dim)) return;
     AttnShape sh;
     sh.n_heads = n_heads;
@@ -915,8 +951,8 @@ void attention(const KvLayer& kv, const float* q, int64_t n_tokens, int n_heads,
     const bool split = workspace != nullptr && attention_splits(n_tokens, n_heads, kv.head_dim, kv.n_ctx, kind);
     // Sliding-window layers stay on the CUDA-core kernels, prefill and decode
     // alike (a layer's choice, never the batch's), which skip whole chunks before the window.
-    if (sh.window == 0 && tensor_cores_on() && attn::mma_takes(sh.group, kv.head_dim)) {
-        launch_mma(kv, q, n_tokens, n_heads, scale, slot, pos, out, workspace, split, kind, stream);
+    if (takes_mma(sh.group, kv.head_dim, window, kv.n_ctx)) {
+        launch_mma(kv, q, n_tokens, n_heads, scale, slot, pos, out, workspace, split, kind, tiles, stream);
         return;
     }
     switch (kv.head_dim / kWarp) {

@@ -83,11 +83,12 @@ constexpr int kMmaMaxGroup = 128;
 bool mma_takes(int group, int head_dim);
 
 // The tensor-core attention (attention_mma.cu). tile_tokens consecutive tokens
-// per CTA (1 when splitting); seg_len positions per segment. part.acc set:
-// one segment per CTA (grid y), partials written for the combine; else every
-// segment in turn, merged in the kernel.
+// per CTA (1 when splitting), or the tiles of tile_start (n_tiles + 1 entries
+// on the device, each tile at most tile_tokens) where it is set; seg_len
+// positions per segment. part.acc set: one segment per CTA (grid y), partials
+// written for the combine; else every segment in turn, merged in the kernel.
 void attention_mma(const KvLayer& kv, const float* q, int64_t n_tokens, int n_heads, float scale,
                    const int32_t* slot, const int32_t* pos, float* out, Partials part, int seg_len,
-                   int tile_tokens, cudaStream_t stream);
+                   int tile_tokens, const int32_t* tile_start, int64_t n_tiles, cudaStream_t stream);
 
 }  // namespace tern::cuda::attn

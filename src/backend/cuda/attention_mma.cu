@@ -85,7 +85,8 @@ __device__ void stage_async(const SlotRows& rows, int c0, int n, uint16_t* tile)
 template <int HD, bool kSplit>
 __global__ void __launch_bounds__(kMaxWarps * 32)
     attention_mma_kernel(KvLayer kv, const float* __restrict__ q, Shape sh, int64_t n_tokens,
-                         const int32_t* slot, const int32_t* pos, float* out, Partials part) {
+                         const int32_t* slot, const int32_t* pos, float* out, Partials part,
+                         const int32_t* __restrict__ tile_start, int64_t n_tiles) {
     after_prior_grids();
     constexpr int KS = HD / 16;     // k steps of q.k
     constexpr int NT = HD / 8;      // n8 tiles of the accumulator
@@ -104,9 +105,10 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
     const int g = lane >> 2, tig = lane & 3;
     const int kvh = int(blockIdx.x % unsigned(sh.n_kv_heads));
     // Heaviest tiles (latest tokens, longest contexts) first.
-    const int64_t n_tiles = (n_tokens + sh.tile_tokens - 1) / sh.tile_tokens;
-    const int64_t t0 = (n_tiles - 1 - int64_t(blockIdx.x / unsigned(sh.n_kv_heads))) * sh.tile_tokens;
-    const int n_rows = sh.tile_tokens * sh.group;
+    const int64_t tile = n_tiles - 1 - int64_t(blockIdx.x / unsigned(sh.n_kv_heads));
+    const int64_t t0 = tile_start ? tile_start[tile] : tile * sh.tile_tokens;
+    const int64_t t_end = tile_start ? tile_start[tile + 1] : min(t0 + int64_t(sh.tile_tokens), n_tokens);
+    const int n_rows = int(t_end - t0) * sh.group;
     constexpr bool split = kSplit;  // part.acc is set
     const int begin = split ? int(blockIdx.y) * sh.seg_len : 0;
     const int seg_end = split ? begin + sh.seg_len : kv.n_ctx;
@@ -119,7 +121,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
     for (int h = 0; h < 2; ++h) {
         const int r = warp * kRowsPerWarp + g + 8 * h;
         const int64_t t = t0 + r / sh.group;
-        live[h] = r < n_rows && t < n_tokens;
+        live[h] = r < n_rows && t < t_end;
         cached[h] = false;
         row_slot[h] = -1;
         row_end[h] = 0;
@@ -144,7 +146,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
     // that mix sequences in a tile).
     if (threadIdx.x == 0) {
         int n = 0;
-        const int64_t t_end = min(t0 + int64_t(sh.tile_tokens), n_tokens);
         for (int64_t u = t0; u < t_end; ++u) {
             const int32_t s = slot[u], p = pos[u];
             if (!in_cache(kv, s, p)) continue;
@@ -392,7 +393,7 @@ bool mma_takes(int group, int head_dim) {
 
 void attention_mma(const KvLayer& kv, const float* q, int64_t n_tokens, int n_heads, float scale,
                    const int32_t* slot, const int32_t* pos, float* out, Partials part, int seg_len,
-                   int tile_tokens, cudaStream_t stream) {
+                   int tile_tokens, const int32_t* tile_start, int64_t n_tiles, cudaStream_t stream) {
     Shape sh;
     sh.n_heads = n_heads;
     sh.n_kv_heads = kv.n_kv_heads;
@@ -402,7 +403,7 @@ void attention_mma(const KvLayer& kv, const float* q, int64_t n_tokens, int n_he
     sh.scale = scale;
     const int rows = tile_tokens * sh.group;  // the caller keeps this <= kMmaMaxGroup
     const unsigned threads = unsigned((rows + kRowsPerWarp - 1) / kRowsPerWarp * 32);
-    const int64_t tiles = (n_tokens + tile_tokens - 1) / tile_tokens;
+    const int64_t tiles = tile_start ? n_tiles : (n_tokens + tile_tokens - 1) / tile_tokens;
     const bool split = part.acc != nullptr;
     const dim3 grid(unsigned(tiles * kv.n_kv_heads), split ? unsigned(part.n_seg) : 1u);
     // Set once per process, before any launch (and so before any graph capture).
@@ -412,7 +413,7 @@ void attention_mma(const KvLayer& kv, const float* q, int64_t n_tokens, int n_he
     auto run = [&](auto kernel, int hd) {
         // Direct: the merged accumulators, a warp's 16 rows x hd floats.
         const size_t smem = split ? 0 : size_t(threads / 32) * size_t(kRowsPerWarp) * size_t(hd) * sizeof(float);
-        launch(kernel, grid, threads, smem, stream, kv, q, sh, n_tokens, slot, pos, out, part);
+        launch(kernel, grid, threads, smem, stream, kv, q, sh, n_tokens, slot, pos, out, part, tile_start, tiles);
     };
     switch (kv.head_dim) {
         case 32: split ? run(attention_mma_kernel<32, true>, 32) : run(attention_mma_kernel<32, false>, 32); break;

@@ -102,6 +102,7 @@ public:
         if (const char* m = std::getenv("TERN_MMQ_BATCH_ROWS")) be->mmq_batch_rows_ = std::atoll(m);
         if (const char* f = std::getenv("TERN_CUDA_PREPARE_ATTENTION")) be->fused_attention_inputs_ = std::string(f) != "0";
         if (const char* f = std::getenv("TERN_CUDA_ADD_NORM")) be->joined_add_norm_ = std::string(f) != "0";
+        if (const char* f = std::getenv("TERN_ATTN_RUN_TILES")) be->run_tiles_ = std::string(f) != "0";
         if (const char* m = std::getenv("TERN_MMVQ_PARTS"))
             be->mmvq_max_parts_ = std::clamp(std::atoi(m), 1, cuda::kMmvqMaxParts);
         return std::unique_ptr<Backend>(std::move(be));
@@ -257,6 +258,7 @@ public:
         }
         std::memcpy(pos_host_, layout.pos.data(), size_t(n) * sizeof(int32_t));
         std::memcpy(slot_host_, layout.slot.data(), size_t(n) * sizeof(int32_t));
+        tiles_ = {};
         attn_kind_ = cuda::AttnBatch::Decode;
         for (int64_t t = 1; t < n; ++t)
             if (layout.slot[size_t(t)] == layout.slot[size_t(t - 1)]) attn_kind_ = cuda::AttnBatch::Prefill;
@@ -398,10 +400,35 @@ public:
     }
 
     void attention(int layer, Tensor q, int n_heads, float scale, int window, Tensor out) override {
+        const cuda::KvLayer kv = kv_layer(layer);
+        const int tile_tokens = cuda::attention_tile_tokens(n_heads, kv.n_kv_heads, kv.head_dim, kv.n_ctx, window,
+                                                            q.rows, attn_kind_, attn_ws_ != nullptr);
+        // Only batches past 16 tokens that are not a token per sequence tile
+        // by runs, and no CUDA graph holds such a step: the table is made on
+        // the host as the layers come.
+        const cuda::AttnTiles tiles =
+            tile_tokens > 0 && run_tiles_ ? step_tiles(q.rows, tile_tokens) : cuda::AttnTiles{};
         if (replaying_) return;
-        cuda::attention(kv_layer(layer), q.data, q.rows, n_heads, scale, window, slot_dev_, pos_dev_, out.data,
-                        attn_ws_, attn_kind_, stream_);
+        cuda::attention(kv, q.data, q.rows, n_heads, scale, window, slot_dev_, pos_dev_, out.data, attn_ws_,
+                        attn_kind_, stream_, tiles);
         launched("attention");
+    }
+
+    // The step's attention tiles of tile_tokens tokens (cuda::attention_tiles),
+    // made once a step and length, on the device before the kernel that reads them.
+    cuda::AttnTiles step_tiles(int64_t n, int tile_tokens) {
+        if (n > token_capacity_) return {};  // set_batch refused the batch
+        if (tiles_.tile_tokens == tile_tokens) return tiles_;
+        // Another length in the same step: the pending copy of the last table
+        // must have left the host buffer before it is rewritten.
+        if (tiles_.tile_tokens != 0) check(cudaStreamSynchronize(stream_), "attention tiles");
+        tiles_.count = cuda::attention_tiles(slot_host_, n, tile_tokens, tiles_host_);
+        check(cudaMemcpyAsync(tiles_dev_, tiles_host_, size_t(tiles_.count + 1) * sizeof(int32_t),
+                              cudaMemcpyHostToDevice, stream_),
+              "attention tiles");
+        tiles_.starts = tiles_dev_;
+        tiles_.tile_tokens = tile_tokens;
+        return tiles_;
     }
 
     void swiglu(Tensor gate, Tensor up) override {
@@ -701,16 +728,20 @@ private:
 
     Status reserve_tokens(int64_t n) {
         if (n <= token_capacity_) return {};
-        auto pos = device_alloc(size_t(n) * sizeof(int32_t) * 3, "batch arrays");
+        // positions, slots and gathered rows: n each; attention tiles: n + 1
+        const size_t ints = size_t(n) * 4 + 1;
+        auto pos = device_alloc(ints * sizeof(int32_t), "batch arrays");
         if (!pos.ok()) return Error{pos.error().message};
-        auto host = host_alloc(size_t(n) * sizeof(int32_t) * 3, "batch arrays");
+        auto host = host_alloc(ints * sizeof(int32_t), "batch arrays");
         if (!host.ok()) return Error{host.error().message};
         pos_dev_ = static_cast<int32_t*>(*pos);
         slot_dev_ = pos_dev_ + n;
         rows_dev_ = slot_dev_ + n;
+        tiles_dev_ = rows_dev_ + n;
         pos_host_ = static_cast<int32_t*>(*host);
         slot_host_ = pos_host_ + n;
         rows_host_ = slot_host_ + n;
+        tiles_host_ = rows_host_ + n;
         token_capacity_ = n;
         return {};
     }
@@ -913,6 +944,9 @@ private:
     bool fused_attention_inputs_ = true;
     // add_rms_norm in one launch (TERN_CUDA_ADD_NORM=0: rms_norm then add, for A/B runs).
     bool joined_add_norm_ = true;
+    // Prefill attention tiled by runs of one sequence (TERN_ATTN_RUN_TILES=0:
+    // tiles of consecutive tokens whatever their sequences, for A/B runs).
+    bool run_tiles_ = true;
     // Matrices one mmvq launch may take (TERN_MMVQ_PARTS=1: one each, for A/B runs).
     int mmvq_max_parts_ = cuda::kMmvqMaxParts;
     std::deque<DeviceWeight> weights_;
@@ -924,8 +958,9 @@ private:
     int32_t* act_sum_ = nullptr;
     int64_t act_blocks_ = 0;
 
-    int32_t *pos_dev_ = nullptr, *slot_dev_ = nullptr, *rows_dev_ = nullptr;
-    int32_t *pos_host_ = nullptr, *slot_host_ = nullptr, *rows_host_ = nullptr;
+    int32_t *pos_dev_ = nullptr, *slot_dev_ = nullptr, *rows_dev_ = nullptr, *tiles_dev_ = nullptr;
+    int32_t *pos_host_ = nullptr, *slot_host_ = nullptr, *rows_host_ = nullptr, *tiles_host_ = nullptr;
+    cuda::AttnTiles tiles_;  // this step's attention tiles (step_tiles), tile_tokens 0: none yet
     int64_t token_capacity_ = 0;
     float* embed_host_ = nullptr;
     int64_t embed_capacity_ = 0;

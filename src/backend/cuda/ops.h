@@ -115,6 +115,29 @@ bool attention_splits(int64_t n_tokens, int n_heads, int head_dim, int n_ctx, At
 // graph capture, on the device that runs attention().
 size_t attention_workspace_bytes(int64_t n_tokens, int n_heads, int head_dim, int n_ctx);
 
+// Prefill tiles that never hold two sequences. The tensor-core kernel stages
+// one slot's K/V per pass over the positions, so a tile of consecutive
+// tokens from many sequences (a server step where prompts join decoding
+// sequences) would take a pass per sequence, one after another, in one CTA.
+// attention_tile_tokens: the tokens per tile of the launch attention() makes
+// for this batch where it tiles prefill tokens on the tensor cores, else 0
+// (single tokens, split segments, decode batches, the CUDA-core kernels).
+// attention_tiles: the tiles of runs of consecutive tokens of one slot, at
+// most tile_tokens each, from the batch's slots on the host: starts[i] is
+// tile i's first token and starts[n_tiles] = n_tokens (n_tokens + 1 entries
+// of room); returns n_tiles. A choice of launch only: a row's bits are the
+// same in any tile.
+int attention_tile_tokens(int n_heads, int n_kv_heads, int head_dim, int n_ctx, int window, int64_t n_tokens,
+                          AttnBatch kind, bool has_workspace);
+int64_t attention_tiles(const int32_t* slot, int64_t n_tokens, int tile_tokens, int32_t* starts);
+
+// attention_tiles' table on the device, for tiles of tile_tokens.
+struct AttnTiles {
+    const int32_t* starts = nullptr;
+    int64_t count = 0;
+    int tile_tokens = 0;
+};
+
 // out[t] = softmax(q[t] K^T * scale) V over positions first..pos[t] of slot[t],
 // per query head; query head h reads KV head h / (n_heads / n_kv_heads).
 // window 0: first = 0; else first = max(0, pos[t] - window + 1).
@@ -123,9 +146,11 @@ size_t attention_workspace_bytes(int64_t n_tokens, int n_heads, int head_dim, in
 // Deterministic and batch-invariant: a token's row depends only on its q, its
 // slot's cache and its position, never on the other tokens, the kind, the
 // split or timing. A token whose slot or pos lies outside the cache gets a
-// NaN row. kv.k and kv.v must be 16-byte aligned.
+// NaN row. kv.k and kv.v must be 16-byte aligned. tiles: this batch's
+// table for attention_tile_tokens() tokens a tile (where that is not 0), or
+// none: tiles of consecutive tokens whatever their slots.
 void attention(const KvLayer& kv, const float* q, int64_t n_tokens, int n_heads, float scale, int window,
                const int32_t* slot, const int32_t* pos, float* out, float* workspace, AttnBatch kind,
-               cudaStream_t stream);
+               cudaStream_t stream, AttnTiles tiles = {});
 
 }  // namespace tern::cuda
