@@ -20,11 +20,14 @@ double ms_between(Clock::time_point a, Clock::time_point b) {
 struct Scheduler::Sequence {
     Sequence(GenerationRequest r, const Engine& engine, int n_ctx, uint64_t admitted)
         : req(std::move(r)),
+          callbacks(std::make_shared<const RequestCallbacks>(std::move(req.callbacks))),
           order(admitted),
           feed(req.prompt),
           stream(engine.tokenizer(), engine.n_vocab(), n_ctx, req.options, req.prompt) {}
 
-    GenerationRequest req;
+    GenerationRequest req;        // its callbacks moved to `callbacks`
+    // Shared with the jobs that call them, which may run after the sequence is gone.
+    std::shared_ptr<const RequestCallbacks> callbacks;
     uint64_t order;               // admission order: older sequences keep their pages first
     // Tokens to put in the slot before the next sampling: the prompt, or
     // after a pause everything the slot held. n_fed of them are there.
@@ -211,7 +214,7 @@ void Scheduler::admit_locked() {
             GenerateResult res;
             res.finish = FinishReason::Cancelled;
             res.n_prompt_total = int(r.prompt.size());
-            if (r.callbacks.on_done) r.callbacks.on_done(res);
+            if (r.callbacks.on_done) outbox_.push_back([f = std::move(r.callbacks.on_done), res] { f(res); });
             continue;
         }
         // Paused sequences first; then a prompt starts when the pool holds it
@@ -257,19 +260,20 @@ void Scheduler::finish(Slot& slot, bool ok, const std::string& error) {
         stats_.prompt_seconds += r.prompt_ms / 1000.0;
         stats_.generate_seconds += r.generate_ms / 1000.0;
     }
+    const std::shared_ptr<const RequestCallbacks> cb = seq->callbacks;
     if (!ok) {
-        if (seq->req.callbacks.on_error) seq->req.callbacks.on_error(error);
+        if (cb->on_error) outbox_.push_back([cb, error] { cb->on_error(error); });
         return;
     }
     // The end of the stream: release what the detokenizer and the stop
     // matcher still hold.
-    const std::string tail = seq->stream.drain();
-    if (!tail.empty() && seq->req.callbacks.on_text) seq->req.callbacks.on_text(tail);
+    std::string tail = seq->stream.drain();
+    if (!tail.empty() && cb->on_text) outbox_.push_back([cb, tail = std::move(tail)] { cb->on_text(tail); });
     if (!r.error.empty()) {  // the grammar could not go on: the text so far went out, the answer is incomplete
-        if (seq->req.callbacks.on_error) seq->req.callbacks.on_error(r.error);
+        if (cb->on_error) outbox_.push_back([cb, message = r.error] { cb->on_error(message); });
         return;
     }
-    if (seq->req.callbacks.on_done) seq->req.callbacks.on_done(r);
+    if (cb->on_done) outbox_.push_back([cb, result = std::move(r)] { cb->on_done(result); });
 }
 
 void SchedulerStats::StepTimes::add(double s) {
@@ -423,9 +427,10 @@ bool Scheduler::step() {
             new_prompt += uint64_t(s.result.n_prompt);
         }
         const int before = s.result.n_generated;
-        const std::string piece = s.stream.advance(logits.data() + r * n_vocab, int(slot.cached.size()) >= n_ctx_);
+        std::string piece = s.stream.advance(logits.data() + r * n_vocab, int(slot.cached.size()) >= n_ctx_);
         new_generated += uint64_t(s.result.n_generated - before);
-        if (!piece.empty() && s.req.callbacks.on_text) s.req.callbacks.on_text(piece);
+        if (!piece.empty() && s.callbacks->on_text)
+            outbox_.push_back([cb = s.callbacks, piece = std::move(piece)] { cb->on_text(piece); });
         if (s.stream.done()) finish(slot, true, {});
     }
     std::lock_guard<std::mutex> lock(mu_);
@@ -451,11 +456,13 @@ void Scheduler::loop() {
             admit_locked();
             stats_.queue_depth = int(queue_.size());
             if (stats_.active_sequences == 0) {
+                deliver();  // what admission cancelled
                 cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
                 continue;
             }
         }
         step();
+        deliver();
     }
     // Shutting down: every request still here gets an error.
     const std::string msg = "the server is shutting down";
@@ -468,7 +475,9 @@ void Scheduler::loop() {
         stats_.queue_depth = 0;
     }
     for (GenerationRequest& r : rest)
-        if (r.callbacks.on_error) r.callbacks.on_error(msg);
+        if (r.callbacks.on_error) outbox_.push_back([f = std::move(r.callbacks.on_error), msg] { f(msg); });
+    deliver();
+    delivery_.flush();  // shutdown() returns once every request has had its last word
 }
 
 }  // namespace tern::runtime

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "base/result.h"
+#include "runtime/delivery.h"
 #include "runtime/engine.h"
 #include "runtime/kv_pages.h"
 #include "runtime/prompt_budget.h"
@@ -49,8 +50,9 @@ struct SchedulerOptions {
     double itl_stretch = 0;
 };
 
-// What a request reports back, from the scheduler thread. Exactly one of
-// on_done / on_error is called, last.
+// What a request reports back, in order, from the scheduler's delivery thread
+// (runtime/delivery.h): never two callbacks at once. Exactly one of on_done /
+// on_error is called, last.
 struct RequestCallbacks {
     std::function<void(std::string_view)> on_text;        // a piece of final text
     std::function<void(const GenerateResult&)> on_done;   // finished (stop, length or cancelled)
@@ -145,6 +147,8 @@ private:
     void admit_locked();
     bool step();  // false when there was nothing to do
     void finish(Slot& slot, bool ok, const std::string& error);
+    // Hands the callbacks this thread has gathered to the delivery thread.
+    void deliver() { delivery_.post(outbox_); }
     // KV pages (scheduler thread).
     int pages_for(size_t n_tokens) const;
     // Maps the kept pages holding the start of what the slot's sequence feeds;
@@ -173,6 +177,10 @@ private:
     uint64_t next_order_ = 0;  // admission order of the sequences
     bool short_of_pages_ = false;  // the last step paused a sequence or left one waiting for a page
     model::Logits logits_;    // the last step's logits rows
+    // The requests' callbacks of this step, run by delivery_ once the step
+    // is done (scheduler thread).
+    std::vector<std::function<void()>> outbox_;
+    Delivery delivery_;
 
     mutable std::mutex mu_;
     std::condition_variable cv_;

@@ -3,7 +3,7 @@
 // a deadline (Beast's parser enforces the header and body limits), hands it
 // to the handler, and writes whatever the Reply queues, in order, one write at
 // a time under a deadline. Reply calls from other threads are posted to the
-// strand, so the scheduler thread never waits on a socket.
+// strand, so the scheduler never waits on a socket.
 #include "server/http.h"
 
 #include <boost/asio.hpp>

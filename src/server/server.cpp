@@ -183,8 +183,8 @@ void Server::route(const http::Request& req, std::shared_ptr<http::Reply> reply)
                                    "not_found"}));
 }
 
-// What a streamed request's pieces go through: the scheduler thread calls
-// push() from its callbacks, possibly before the HTTP side has started the
+// What a streamed request's pieces go through: the scheduler's delivery
+// thread calls push() from its callbacks, possibly before the HTTP side has started the
 // stream (the submit races the first token), so pieces wait here until
 // begin(); after that they go straight to the reply. A reply that reports its
 // client gone cancels the request.
@@ -301,7 +301,7 @@ void Server::handle_generate(bool chat, const http::Request& req, std::shared_pt
     std::shared_ptr<SseStream> stream;
     std::string first_event;  // a chat stream opens with the assistant's role
     if (!pr.stream) {
-        // Answered from the scheduler thread when the text is complete.
+        // Answered from the scheduler's delivery thread when the text is complete.
         auto parts = std::make_shared<text::ReasoningSplitter::Pieces>();
         auto take = [parts](const text::ReasoningSplitter::Pieces& p) {
             parts->reasoning += p.reasoning;

@@ -1,0 +1,54 @@
+#include "runtime/delivery.h"
+
+namespace tern::runtime {
+
+Delivery::Delivery() : thread_([this] { loop(); }) {}
+
+Delivery::~Delivery() {
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        stopping_ = true;
+    }
+    wake_.notify_one();
+    thread_.join();
+}
+
+void Delivery::post(std::vector<std::function<void()>>& jobs) {
+    if (jobs.empty()) return;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        posted_ += jobs.size();
+        if (queued_.empty()) {
+            queued_.swap(jobs);
+        } else {
+            for (auto& j : jobs) queued_.push_back(std::move(j));
+            jobs.clear();
+        }
+    }
+    wake_.notify_one();
+}
+
+void Delivery::flush() {
+    std::unique_lock<std::mutex> lock(mu_);
+    const uint64_t target = posted_;
+    idle_.wait(lock, [&] { return done_ >= target; });
+}
+
+void Delivery::loop() {
+    std::vector<std::function<void()>> running;
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+        wake_.wait(lock, [this] { return stopping_ || !queued_.empty(); });
+        if (queued_.empty()) return;  // stopping, and nothing left
+        running.swap(queued_);
+        lock.unlock();
+        for (auto& job : running) job();
+        const size_t n = running.size();
+        running.clear();
+        lock.lock();
+        done_ += n;
+        idle_.notify_all();
+    }
+}
+
+}  // namespace tern::runtime
