@@ -136,14 +136,16 @@ Status Forward::run(const Batch& batch, Logits& logits) {
                          rows(att_), rows(gate_), rows(up_), rows(router_), experts_out_};
     const Tensor x = pass.x;
 
+    // Before set_batch, which may begin a CUDA graph's capture: growing a
+    // page-locked buffer is no call to make while a stream is captured.
+    const int64_t m = int64_t(batch.logits_for.size());
+    logits.resize(size_t(m) * size_t(m_.output.rows));  // every value written below: no clearing
     be_.set_batch(backend::BatchLayout{batch.slot, batch.pos, int(batch.logits_for.size())});
     // x = embedding rows of the tokens (scaled, for the families that do)
     be_.embed(m_.token_embd, batch.tokens, x);
     if (h.embd_scale != 0.0f) be_.scale(x, h.embd_scale);
     for (int il = 0; il < h.n_layer; ++il) family_->forward_layer(pass, m_.layers[size_t(il)], il);
     // logits for the selected tokens: W_out · n(x)
-    const int64_t m = int64_t(batch.logits_for.size());
-    logits.resize(size_t(m) * size_t(m_.output.rows));  // every value written below: no clearing
     if (m == 0) {
         be_.synchronize();
         return be_.take_error();

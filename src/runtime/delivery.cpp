@@ -16,15 +16,12 @@ Delivery::~Delivery() {
 void Delivery::post(std::vector<std::function<void()>>& jobs) {
     if (jobs.empty()) return;
     {
-        std::lock_guard<std::mutex> lock(mu_);
+        std::unique_lock<std::mutex> lock(mu_);
+        idle_.wait(lock, [this] { return done_ == posted_; });
         posted_ += jobs.size();
-        if (queued_.empty()) {
-            queued_.swap(jobs);
-        } else {
-            for (auto& j : jobs) queued_.push_back(std::move(j));
-            jobs.clear();
-        }
+        queued_.swap(jobs);
     }
+    jobs.clear();
     wake_.notify_one();
 }
 

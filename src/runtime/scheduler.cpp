@@ -450,19 +450,22 @@ bool Scheduler::step() {
 
 void Scheduler::loop() {
     for (;;) {
+        bool idle = false;
         {
-            std::unique_lock<std::mutex> lock(mu_);
+            std::lock_guard<std::mutex> lock(mu_);
             if (stopping_) break;
             admit_locked();
             stats_.queue_depth = int(queue_.size());
-            if (stats_.active_sequences == 0) {
-                deliver();  // what admission cancelled
-                cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-                continue;
-            }
+            idle = stats_.active_sequences == 0;
         }
-        step();
+        if (!idle) step();
+        // Not under mu_: it may wait for the last step's callbacks, which may
+        // call submit() or stats().
         deliver();
+        if (idle) {
+            std::unique_lock<std::mutex> lock(mu_);
+            cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+        }
     }
     // Shutting down: every request still here gets an error.
     const std::string msg = "the server is shutting down";

@@ -51,8 +51,9 @@ struct SchedulerOptions {
 };
 
 // What a request reports back, in order, from the scheduler's delivery thread
-// (runtime/delivery.h): never two callbacks at once. Exactly one of on_done /
-// on_error is called, last.
+// (runtime/delivery.h): never two callbacks at once, and a step's callbacks
+// while the next step runs. Exactly one of on_done / on_error is called,
+// last. A callback may call submit() and stats(), never shutdown().
 struct RequestCallbacks {
     std::function<void(std::string_view)> on_text;        // a piece of final text
     std::function<void(const GenerateResult&)> on_done;   // finished (stop, length or cancelled)
@@ -88,7 +89,7 @@ struct SchedulerStats {
     // The rest of the steps, the scheduler's own work, in three parts:
     // building the batch (and dropping cancelled sequences), the draws of
     // the next tokens, and what follows them (detokenizing, stop strings,
-    // the requests' callbacks).
+    // gathering the requests' callbacks, which run on the delivery thread).
     enum HostPart { kBatchPart = 0, kDrawPart = 1, kTextPart = 2, kHostParts = 3 };
     std::array<double, kHostParts> host_seconds{};
     int kv_pages = 0;                // the pool's pages (gauge)

@@ -449,7 +449,7 @@ std::string Server::metrics_text() {
         line(std::string("# HELP ") + name + " " + help);
         line(std::string("# TYPE ") + name + " " + type);
         char buf[64];
-        std::snprintf(buf, sizeof buf, "%.6g", v);
+        std::snprintf(buf, sizeof buf, "%.10g", v);  // counters grow: keep their last digits
         line(std::string(name) + " " + buf);
     };
     metric("tern_prompt_tokens_total", "counter", "Prompt tokens evaluated.", double(st.prompt_tokens));
@@ -463,12 +463,12 @@ std::string Server::metrics_text() {
     metric("tern_forward_steps_total", "counter", "Batched forward calls.", double(st.steps));
     metric("tern_step_forward_seconds_total", "counter", "Seconds inside the steps' forward calls.", st.forward_seconds);
     line("# HELP tern_step_host_seconds_total Seconds of the steps' own host work, by part: building the batch, "
-         "drawing the next tokens, and their text and callbacks.");
+         "drawing the next tokens, and their text (the callbacks run beside the next step).");
     line("# TYPE tern_step_host_seconds_total counter");
     const char* parts[runtime::SchedulerStats::kHostParts] = {"batch", "draw", "text"};
     for (int p = 0; p < runtime::SchedulerStats::kHostParts; ++p) {
         char buf[64];
-        std::snprintf(buf, sizeof buf, "%.6g", st.host_seconds[size_t(p)]);
+        std::snprintf(buf, sizeof buf, "%.10g", st.host_seconds[size_t(p)]);
         line(std::string("tern_step_host_seconds_total{part=\"") + parts[p] + "\"} " + buf);
     }
     metric("tern_kv_pages", "gauge", "Pages of the KV pool.", st.kv_pages);
@@ -496,7 +496,7 @@ std::string Server::metrics_text() {
             line("tern_step_seconds_bucket{" + kind + ",le=\"" + buf + "\"} " + std::to_string(below));
         }
         line("tern_step_seconds_bucket{" + kind + ",le=\"+Inf\"} " + std::to_string(t.count));
-        std::snprintf(buf, sizeof buf, "%.6g", t.seconds);
+        std::snprintf(buf, sizeof buf, "%.10g", t.seconds);
         line("tern_step_seconds_sum{" + kind + "} " + buf);
         line("tern_step_seconds_count{" + kind + "} " + std::to_string(t.count));
     }

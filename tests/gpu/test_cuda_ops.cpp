@@ -734,6 +734,17 @@ TEST_F(CudaOps, AttentionMatchesCpu) {
                 ASSERT_NO_FATAL_FAILURE(run(0, n_tokens, allow_split, cuda::AttnBatch::Prefill, other,
                                             cuda::AttnTiles{dstarts.get(), n_tiles, tile_tokens}));
                 ASSERT_NO_FATAL_FAILURE(same_bits(other, 0, "tiles by runs"));
+                // The kernel reads the table: without its last tile, that
+                // tile's rows stay as poisoned and the others keep their bits.
+                const int64_t kept = n_tiles - 1;
+                if (kept == 0) continue;
+                ASSERT_NO_FATAL_FAILURE(run(0, n_tokens, allow_split, cuda::AttnBatch::Prefill, other,
+                                            cuda::AttnTiles{dstarts.get(), kept, tile_tokens}));
+                const size_t cut = size_t(starts[size_t(kept)]) * row;
+                for (size_t i = cut; i < other.size(); ++i)
+                    ASSERT_EQ(fp32_to_bits(other[i]), kPoisonBits) << "a tile not in the table was computed, " << i;
+                other.resize(cut);
+                ASSERT_NO_FATAL_FAILURE(same_bits(other, 0, "tiles by runs, the last left out"));
             }
             for (int64_t t = 0; t < n_tokens; ++t) {
                 std::vector<float> alone;

@@ -1,10 +1,11 @@
 // The scheduler's delivery thread: jobs run in the order they were handed
-// over, one at a time, off the posting thread; flush() waits for them; the
-// destructor runs what is still queued.
+// over, one at a time, off the posting thread; a hand-over waits for the one
+// before; flush() waits for them; the destructor runs what is still queued.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
+#include <future>
 #include <thread>
 
 #include "runtime/delivery.h"
@@ -61,6 +62,28 @@ TEST(Delivery, FlushWaitsForASlowJobAndTheDestructorRunsWhatIsLeft) {
         }
     }
     EXPECT_EQ(done.load(), 4);
+}
+
+TEST(Delivery, AHandOverWaitsForTheOneBeforeToHaveRun) {
+    Delivery d;
+    std::promise<void> release;
+    std::shared_future<void> gate = release.get_future().share();
+    std::vector<std::function<void()>> jobs;
+    jobs.push_back([gate] { gate.wait(); });
+    d.post(jobs);
+    std::atomic<bool> second_posted{false};
+    std::thread poster([&] {
+        std::vector<std::function<void()>> more;
+        more.push_back([] {});
+        d.post(more);
+        second_posted = true;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    EXPECT_FALSE(second_posted.load()) << "the second hand-over went in while the first was still running";
+    release.set_value();
+    poster.join();
+    EXPECT_TRUE(second_posted.load());
+    d.flush();
 }
 
 }  // namespace

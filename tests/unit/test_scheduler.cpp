@@ -55,8 +55,10 @@ struct Pending {
     SubmitResult submitted;
 };
 
-// hold: when valid, the first piece of text blocks the scheduler thread until
-// it is ready, which keeps this request running for as long as a test needs.
+// hold: when valid, the first piece of text blocks the delivery thread until
+// it is ready, and with it the scheduler a step later (it hands a step's
+// callbacks over only once the last step's have run), which keeps this
+// request running for as long as a test needs.
 Pending submit(Scheduler& s, const std::vector<int32_t>& prompt, const GenerateOptions& opt,
                std::shared_future<void> hold = {}) {
     Pending p;

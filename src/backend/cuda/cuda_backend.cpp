@@ -14,6 +14,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -52,14 +53,37 @@ struct DeviceWeight {
 };
 
 // Page-locked host memory usable from every device (tensor parallelism); a
-// failed allocation leaves no error behind for a later check to find.
+// failed allocation leaves no error behind for a later check to find. Made
+// and freed with the first backend's device current, whatever thread asks
+// (a scheduler thread has none: the runtime would otherwise start a context
+// on device 0, which may not be one the user chose).
+// A thread whose current device is not one a backend runs on is left on the
+// first backend's device afterwards: switching back would start a context
+// there (cudaSetDevice does since CUDA 12).
+std::atomic<int> g_pinned_device{-1};
+std::atomic<uint64_t> g_backend_devices{0};  // bit d: a backend runs on device d
+
+template <class F>
+void on_pinned_device(F&& f) {
+    int previous = -1;
+    const int device = g_pinned_device.load();
+    const bool switch_device = device >= 0 && cudaGetDevice(&previous) == cudaSuccess && previous != device;
+    if (switch_device) cudaSetDevice(device);
+    f();
+    const bool back = switch_device && previous >= 0 && previous < 64 && (g_backend_devices.load() >> previous & 1);
+    if (back) cudaSetDevice(previous);
+    cudaGetLastError();
+}
 void* pinned_host_alloc(size_t bytes) {
     void* p = nullptr;
-    if (cudaHostAlloc(&p, bytes, cudaHostAllocPortable) == cudaSuccess) return p;
-    cudaGetLastError();
-    return nullptr;
+    on_pinned_device([&] {
+        if (cudaHostAlloc(&p, bytes, cudaHostAllocPortable) != cudaSuccess) p = nullptr;
+    });
+    return p;
 }
-void pinned_host_free(void* p) { cudaFreeHost(p); }
+void pinned_host_free(void* p) {
+    on_pinned_device([&] { cudaFreeHost(p); });
+}
 constexpr PinnedMemory kPinnedHostMemory{pinned_host_alloc, pinned_host_free};
 
 class CudaBackend final : public Backend {
@@ -93,7 +117,12 @@ public:
         // in one DMA (backend/host_memory.h). TERN_CUDA_PINNED_LOGITS=0: plain
         // memory, for A/B runs.
         const char* pinned = std::getenv("TERN_CUDA_PINNED_LOGITS");
-        if (!(pinned && std::string(pinned) == "0")) enable_pinned_host_memory(&kPinnedHostMemory);
+        if (device < 64) g_backend_devices.fetch_or(uint64_t(1) << device);
+        if (!(pinned && std::string(pinned) == "0")) {
+            int none = -1;
+            g_pinned_device.compare_exchange_strong(none, device);
+            enable_pinned_host_memory(&kPinnedHostMemory);
+        }
         const char* layout = std::getenv("TERN_CUDA_Q6K");
         be->pad_q6k_ = !(layout && std::string(layout) == "raw");
         const char* graphs = std::getenv("TERN_CUDA_GRAPHS");
@@ -404,11 +433,13 @@ public:
         const int tile_tokens = cuda::attention_tile_tokens(n_heads, kv.n_kv_heads, kv.head_dim, kv.n_ctx, window,
                                                             q.rows, attn_kind_, attn_ws_ != nullptr);
         // Only batches past 16 tokens that are not a token per sequence tile
-        // by runs, and no CUDA graph holds such a step: the table is made on
-        // the host as the layers come.
+        // by runs, and today no CUDA graph holds such a step; one that did
+        // would fix its tile count at capture, so a captured or replayed step
+        // keeps the uniform tiles (the same bits).
+        const bool in_graph = capturing_ || replaying_;
         const cuda::AttnTiles tiles =
-            tile_tokens > 0 && run_tiles_ ? step_tiles(q.rows, tile_tokens) : cuda::AttnTiles{};
-        if (replaying_) return;
+            tile_tokens > 0 && run_tiles_ && !in_graph ? step_tiles(q.rows, tile_tokens) : cuda::AttnTiles{};
+        if (replaying_ || q.rows > token_capacity_) return;  // set_batch refused a batch too large
         cuda::attention(kv, q.data, q.rows, n_heads, scale, window, slot_dev_, pos_dev_, out.data, attn_ws_,
                         attn_kind_, stream_, tiles);
         launched("attention");
