@@ -64,15 +64,14 @@ public:
     Result<GenerateResult> generate(const std::vector<int32_t>& prompt, const GenerateOptions& options,
                                     const TextCallback& on_text = {});
 
-    // Evaluates tokens after what the slot holds; then logits() holds the last one's.
-    Status feed(const std::vector<int32_t>& tokens);
-    const model::Logits& logits() const { return logits_; }
-
     // Forgets the slot's contents.
     void reset() { cached_.clear(); }
     const std::vector<int32_t>& cached_tokens() const { return cached_; }
 
 private:
+    // Evaluates tokens after what the slot holds; then logits_ holds the last one's.
+    Status feed(const std::vector<int32_t>& tokens);
+
     Engine& engine_;
     int slot_;
     std::vector<int32_t> cached_;  // tokens whose K/V are in the slot, in order

@@ -11,9 +11,10 @@
 //    and f16;
 //  - matmul_experts_swiglu has the bits of both expert matmuls and swiglu,
 //    matmul_experts_combine those of matmul_experts and combine_experts;
-//  - combine_experts is w_0 y_0 then fma in order: bit-exact where the
-//    weights are exact (equal logits), within a few ulp of the weights' expf
-//    otherwise.
+//  - combine_experts is w_0 y_0 then fma in order, bit for bit, with the
+//    device's routing weights (read back through a combine of one-hot rows);
+//    those weights are the CPU's where they are exact (equal logits), else
+//    within 8 ulp of them (expf, its sum and the division differ by a few).
 // Outputs are poisoned before each call; fresh random inputs each run.
 #include <gtest/gtest.h>
 
@@ -27,6 +28,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/ops.h"
+#include "base/fp16.h"
 #include "gpu_test_util.h"
 #include "quant/quant.h"
 #include "tests/support/test_seed.h"
@@ -152,6 +154,23 @@ void check_shape(const Shape& sh, bool equal_logits, std::mt19937& rng) {
             << "matmul_experts_combine";
     }
 
+    // The device's weights: a combine of rows where routed row j of a token
+    // is 1 in column j and 0 elsewhere gives w_j there, exactly.
+    ASSERT_GE(sh.rows, sh.k);
+    std::vector<float> one_hot(size_t(n_pairs * sh.rows), 0.0f);
+    for (int64_t p = 0; p < n_pairs; ++p) one_hot[size_t(p * sh.rows + p % sh.k)] = 1.0f;
+    fill(be, y, one_hot);
+    fill(be, out, std::vector<float>(size_t(sh.n_tok * sh.rows), std::numeric_limits<float>::quiet_NaN()));
+    be.combine_experts(y, out);
+    const std::vector<float> gw = read(be, out);
+    ASSERT_TRUE(be.take_error().ok());
+    auto ulps_apart = [](float a, float b) {
+        int32_t ia, ib;
+        std::memcpy(&ia, &a, 4);
+        std::memcpy(&ib, &b, 4);
+        return std::abs(int64_t(ia) - int64_t(ib));  // both positive here
+    };
+
     std::vector<int32_t> ids(static_cast<size_t>(sh.k));
     std::vector<float> w(static_cast<size_t>(sh.k));
     for (int64_t t = 0; t < sh.n_tok; ++t) {
@@ -169,21 +188,20 @@ void check_shape(const Shape& sh, bool equal_logits, std::mt19937& rng) {
             ASSERT_EQ(std::memcmp(want_p.data(), gyp.data() + p * sh.rows, size_t(sh.rows) * sizeof(float)), 0)
                 << "token " << t << " expert " << j << " (" << ids[size_t(j)] << "), own input";
         }
-        for (int64_t i = 0; i < sh.rows; ++i) {
-            float acc = w[0] * gy[size_t(t * sh.k * sh.rows + i)];
-            double bound = std::fabs(acc);
-            for (int j = 1; j < sh.k; ++j) {
-                const float v = gy[size_t((t * sh.k + j) * sh.rows + i)];
-                acc = std::fma(w[size_t(j)], v, acc);
-                bound += std::fabs(w[size_t(j)] * v);
-            }
-            const float got = gout[size_t(t * sh.rows + i)];
+        std::vector<float> dw(static_cast<size_t>(sh.k));
+        for (int j = 0; j < sh.k; ++j) {
+            dw[size_t(j)] = gw[size_t(t * sh.rows + j)];
             if (equal_logits)
-                ASSERT_EQ(got, acc) << "token " << t << " column " << i;
-            else  // the weights may differ from the CPU's by a few ulp (expf, the division by
-                  // their sum: up to about 3 ulp), and each of the k products' roundings then
-                  // differs too: 1e-6 of the sum of magnitudes is about 8 ulp of it
-                ASSERT_NEAR(got, acc, 1e-6 * bound + 1e-30) << "token " << t << " column " << i;
+                ASSERT_EQ(dw[size_t(j)], w[size_t(j)]) << "token " << t << " weight " << j;
+            else
+                ASSERT_LE(ulps_apart(dw[size_t(j)], w[size_t(j)]), 8)
+                    << "token " << t << " weight " << j << ": gpu " << dw[size_t(j)] << " cpu " << w[size_t(j)];
+        }
+        for (int64_t i = 0; i < sh.rows; ++i) {
+            float acc = dw[0] * gy[size_t(t * sh.k * sh.rows + i)];
+            for (int j = 1; j < sh.k; ++j) acc = std::fma(dw[size_t(j)], gy[size_t((t * sh.k + j) * sh.rows + i)], acc);
+            ASSERT_EQ(fp32_to_bits(gout[size_t(t * sh.rows + i)]), fp32_to_bits(acc))
+                << "token " << t << " column " << i << ": gpu " << gout[size_t(t * sh.rows + i)] << " want " << acc;
         }
     }
     ASSERT_TRUE(be.take_error().ok());

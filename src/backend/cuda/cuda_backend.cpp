@@ -429,6 +429,7 @@ public:
     }
 
     void attention(int layer, Tensor q, int n_heads, float scale, int window, Tensor out) override {
+        if (q.rows > token_capacity_) return;  // set_batch refused a batch too large
         const cuda::KvLayer kv = kv_layer(layer);
         const int tile_tokens = cuda::attention_tile_tokens(n_heads, kv.n_kv_heads, kv.head_dim, kv.n_ctx, window,
                                                             q.rows, attn_kind_, attn_ws_ != nullptr);
@@ -439,7 +440,7 @@ public:
         const bool in_graph = capturing_ || replaying_;
         const cuda::AttnTiles tiles =
             tile_tokens > 0 && run_tiles_ && !in_graph ? step_tiles(q.rows, tile_tokens) : cuda::AttnTiles{};
-        if (replaying_ || q.rows > token_capacity_) return;  // set_batch refused a batch too large
+        if (replaying_) return;
         cuda::attention(kv, q.data, q.rows, n_heads, scale, window, slot_dev_, pos_dev_, out.data, attn_ws_,
                         attn_kind_, stream_, tiles);
         launched("attention");
@@ -448,7 +449,6 @@ public:
     // The step's attention tiles of tile_tokens tokens (cuda::attention_tiles),
     // made once a step and length, on the device before the kernel that reads them.
     cuda::AttnTiles step_tiles(int64_t n, int tile_tokens) {
-        if (n > token_capacity_) return {};  // set_batch refused the batch
         if (tiles_.tile_tokens == tile_tokens) return tiles_;
         // Another length in the same step: the pending copy of the last table
         // must have left the host buffer before it is rewritten.
