@@ -30,15 +30,22 @@ struct Tensor {
 };
 
 // A registered weight: its GGUF type and shape, and the backend's own handle.
+// How a registered weight's host bytes are arranged.
+enum class WeightLayout : uint8_t {
+    gguf_rows,      // GGUF blocks, row after row at row_bytes
+    interleaved16,  // the CPU's groups of sixteen rows (quant/interleave.h); row_bytes unused
+};
+
 struct Weight {
     std::string name;
     TensorType type = TensorType::F32;
     int64_t cols = 0;         // ne[0], the input dimension (1-D tensors: the length)
     int64_t rows = 1;         // ne[1] (product of ne[1..3])
-    const void* host = nullptr;  // GGUF bytes in the mapping
+    const void* host = nullptr;  // GGUF bytes in the mapping (registered: the backend's copy, in `layout`)
     size_t row_bytes = 0;     // bytes from one row to the next: at least the bytes of `cols`
                               // elements, more for a view of some of each row's columns
     void* impl = nullptr;     // backend-owned (device copy, repacked layout, ...)
+    WeightLayout layout = WeightLayout::gguf_rows;
     explicit operator bool() const { return host != nullptr; }
 };
 

@@ -47,6 +47,9 @@ backend::Weight view_of(const backend::Weight& w, const std::string& part, const
 // A view needs host bytes, and lo..hi-1 within the n rows or columns (what) of w.
 Status check_view(const backend::Weight& w, const std::string& what, int64_t lo, int64_t hi, int64_t n) {
     if (!w.host) return Error{"tensor parallel: weight '" + w.name + "' has no host data to view"};
+    if (w.layout != backend::WeightLayout::gguf_rows)
+        return Error{"tensor parallel: weight '" + w.name +
+                     "' is in a backend's registration layout; views are made of the file's rows"};
     if (lo < 0 || hi <= lo || hi > n)
         return Error{"tensor parallel: " + what + " [" + str(lo) + ", " + str(hi) + ") of '" + w.name + "' (" +
                      str(n) + " " + what + ")"};

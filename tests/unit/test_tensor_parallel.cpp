@@ -184,6 +184,19 @@ std::vector<float> dequantized_row(const backend::Weight& w, int64_t r) {
     return out;
 }
 
+// A weight a backend holds in its own layout (the CPU's interleaved rows) has
+// no GGUF rows to view: refused by name.
+TEST(TensorParallelViews, RegistrationLayoutsAreRefused) {
+    std::mt19937_64 rng(test::run_seed());
+    HostMatrix m = random_matrix(rng, TensorType::Q8_0, 32, 64);
+    m.w.layout = backend::WeightLayout::interleaved16;
+    for (auto view : {model::weight_rows(m.w, 0, 16), model::weight_cols(m.w, 0, 32)}) {
+        ASSERT_FALSE(view.ok());
+        EXPECT_NE(view.error().message.find("registration layout"), std::string::npos) << view.error().message;
+        EXPECT_NE(view.error().message.find(m.w.name), std::string::npos) << view.error().message;
+    }
+}
+
 TEST(TensorParallelViews, RowAndColumnSlicesReadTheRightBlocks) {
     const uint64_t seed = test::run_seed();
     SCOPED_TRACE("seed " + std::to_string(seed));
@@ -323,6 +336,9 @@ TEST_P(CpuTp, EqualsUnshardedForward) {
     auto m = model::load_model(**file, *be);
     ASSERT_TRUE(m.ok()) << m.error().message;
     const size_t nv = size_t(m->hp.n_vocab);
+    // The ranks view the file's rows (a registered model may hold the CPU's own layout).
+    auto described = model::describe_model(**file);
+    ASSERT_TRUE(described.ok()) << described.error().message;
 
     std::mt19937_64 rng(seed);
     std::uniform_int_distribution<int32_t> tok(0, m->hp.n_vocab - 1);
@@ -339,7 +355,7 @@ TEST_P(CpuTp, EqualsUnshardedForward) {
 
     for (int n_ranks : c.rank_counts) {
         SCOPED_TRACE("TP=" + std::to_string(n_ranks));
-        auto tp = model::make_cpu_tensor_parallel(*m, n_ranks, kPrompt, 1, 64);
+        auto tp = model::make_cpu_tensor_parallel(*described, n_ranks, kPrompt, 1, 64);
         ASSERT_TRUE(tp.ok()) << tp.error().message;
         const auto got = run_sequence([&](const model::Batch& b, model::Logits& l) { return (*tp)->run(b, l); },
                                       tokens, nv, nullptr);
@@ -414,8 +430,7 @@ TEST(CpuTensorParallel, ErrorsReachTheCallerAndLeaveTheRanksUsable) {
     const std::string path = *written;
     auto file = gguf::File::open(path);
     ASSERT_TRUE(file.ok());
-    auto be = backend::make_cpu_backend(1);
-    auto m = model::load_model(**file, *be);
+    auto m = model::describe_model(**file);
     ASSERT_TRUE(m.ok());
     auto bad = model::make_cpu_tensor_parallel(*m, 4, 4, 1, 8);
     ASSERT_FALSE(bad.ok());

@@ -1,19 +1,23 @@
 // backend/cpu/weight_arena and the CPU backend's registration: weight
 // matrices are copied byte for byte into 64-byte aligned, non-overlapping
-// memory (a view with its rows at their stride), 1-D weights are not, and
-// nothing is copied past the budget (shared by the live arenas of the
-// process) or with TERN_CPU_WEIGHT_COPY=0.
+// memory (a view with its rows at their stride), or interleaved where the
+// type and the CPU have that layout, 1-D weights are not, and nothing is
+// copied past the budget (shared by the live arenas of the process) or with
+// TERN_CPU_WEIGHT_COPY=0.
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
 #include "backend/cpu/weight_arena.h"
+#include "quant/interleave.h"
 #include "quant/quant.h"
+#include "quant/simd_path.h"
 #include "tests/support/test_seed.h"
 
 namespace tern {
@@ -74,40 +78,42 @@ TEST(WeightArena, CopiesAreGivenBackWithTheArena) {
     }
 }
 
-backend::Weight q4_1_matrix(const std::vector<uint8_t>& bytes, int64_t rows, int64_t cols) {
+// (q5_1 has 32-element blocks and no interleaved layout: its copies are byte for byte.)
+backend::Weight matrix(const std::vector<uint8_t>& bytes, int64_t rows, int64_t cols,
+                       TensorType type = TensorType::Q5_1) {
     backend::Weight w;
     w.name = "m";
-    w.type = TensorType::Q4_1;
+    w.type = type;
     w.rows = rows;
     w.cols = cols;
     w.host = bytes.data();
-    w.row_bytes = quant::row_bytes(TensorType::Q4_1, cols);
+    w.row_bytes = quant::row_bytes(type, cols);
     return w;
 }
 
 TEST(CpuBackendWeights, MatricesAreCopiedViewsAtTheirStrideVectorsAreNot) {
     std::mt19937 rng(tern::test::run_seed() + 2);
     const int64_t rows = 7, cols = 256;
-    const size_t rb = quant::row_bytes(TensorType::Q4_1, cols);
+    const size_t rb = quant::row_bytes(TensorType::Q5_1, cols);
     const std::vector<uint8_t> bytes = random_bytes(rng, rb * size_t(rows));
     auto be = backend::make_cpu_backend(1);
     if (backend::cpu::WeightArena::available_budget() < (size_t(512) << 20))
         GTEST_SKIP() << "less than 512 MiB of memory available: the backend reads weights in place";
 
-    auto full = be->register_weight(q4_1_matrix(bytes, rows, cols));
+    auto full = be->register_weight(matrix(bytes, rows, cols));
     ASSERT_TRUE(full.ok()) << full.error().message;
     EXPECT_NE(full->host, bytes.data());
     EXPECT_EQ(std::memcmp(full->host, bytes.data(), bytes.size()), 0);
 
     // Columns 64..191 of rows 2..5: four blocks of each row, at the full stride.
-    backend::Weight view = q4_1_matrix(bytes, 4, 128);
-    view.host = bytes.data() + 2 * rb + quant::row_bytes(TensorType::Q4_1, 64);
+    backend::Weight view = matrix(bytes, 4, 128);
+    view.host = bytes.data() + 2 * rb + quant::row_bytes(TensorType::Q5_1, 64);
     view.row_bytes = rb;
     auto v = be->register_weight(view);
     ASSERT_TRUE(v.ok()) << v.error().message;
     EXPECT_NE(v->host, view.host);
     EXPECT_EQ(v->row_bytes, rb);
-    const size_t view_row = quant::row_bytes(TensorType::Q4_1, 128);
+    const size_t view_row = quant::row_bytes(TensorType::Q5_1, 128);
     for (int64_t r = 0; r < 4; ++r)
         EXPECT_EQ(std::memcmp(static_cast<const uint8_t*>(v->host) + r * rb,
                               static_cast<const uint8_t*>(view.host) + r * rb, view_row),
@@ -126,13 +132,67 @@ TEST(CpuBackendWeights, MatricesAreCopiedViewsAtTheirStrideVectorsAreNot) {
     EXPECT_EQ(n->host, norm.data());
 }
 
+// q4_0, q4_1 and q8_0 matrices are registered in the interleaved layout where
+// the AVX-512 path runs (else, and with TERN_CPU_INTERLEAVE=0, copied as GGUF
+// rows); every row reads back, and the backend's embedding lookup reads a
+// table in either layout.
+TEST(CpuBackendWeights, InterleavedWhereAvx512RunsAndEveryRowReadsBack) {
+    std::mt19937 rng(tern::test::run_seed() + 4);
+    if (backend::cpu::WeightArena::available_budget() < (size_t(512) << 20))
+        GTEST_SKIP() << "less than 512 MiB of memory available: the backend reads weights in place";
+    const bool avx512 = quant::simd_path_best() == quant::SimdPath::avx512;
+    for (TensorType t : {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q8_0}) {
+        for (const bool switched_off : {false, true}) {
+            SCOPED_TRACE(std::string(tensor_type_name(uint32_t(t))) + (switched_off ? " TERN_CPU_INTERLEAVE=0" : ""));
+            const int64_t rows = 37, cols = 96;
+            const size_t rb = quant::row_bytes(t, cols);
+            std::vector<uint8_t> bytes(rb * size_t(rows));
+            std::vector<float> row(cols);
+            for (int64_t r = 0; r < rows; ++r) {
+                for (float& v : row) v = float(int(rng() % 2001) - 1000) / 100.0f;
+                ASSERT_TRUE(quant::quantize_row(t, row.data(), bytes.data() + size_t(r) * rb, cols).ok());
+            }
+            if (switched_off) ASSERT_EQ(setenv("TERN_CPU_INTERLEAVE", "0", 1), 0);
+            auto be = backend::make_cpu_backend(1);
+            unsetenv("TERN_CPU_INTERLEAVE");
+            auto w = be->register_weight(matrix(bytes, rows, cols, t));
+            ASSERT_TRUE(w.ok()) << w.error().message;
+            const bool interleaved = avx512 && !switched_off;
+            EXPECT_EQ(w->layout == backend::WeightLayout::interleaved16, interleaved);
+            EXPECT_EQ(reinterpret_cast<uintptr_t>(w->host) % 64, 0u);
+            std::vector<uint8_t> back(rb);
+            for (int64_t r = 0; r < rows; ++r) {
+                const uint8_t* got = static_cast<const uint8_t*>(w->host) + size_t(r) * rb;
+                if (interleaved) {
+                    ASSERT_TRUE(quant::deinterleave_row(t, w->host, cols, r, back.data()).ok());
+                    got = back.data();
+                }
+                ASSERT_EQ(std::memcmp(got, bytes.data() + size_t(r) * rb, rb), 0) << "row " << r;
+            }
+            const std::vector<int32_t> tokens = {36, 0, 17, 17};
+            auto out = be->alloc(int64_t(tokens.size()), cols);
+            ASSERT_TRUE(out.ok());
+            be->embed(*w, tokens, *out);
+            ASSERT_TRUE(be->take_error().ok());
+            std::vector<float> got(tokens.size() * size_t(cols)), want(cols);
+            be->download(*out, got.data());
+            for (size_t i = 0; i < tokens.size(); ++i) {
+                ASSERT_TRUE(
+                    quant::dequantize_row(t, bytes.data() + size_t(tokens[i]) * rb, want.data(), cols).ok());
+                for (int64_t c = 0; c < cols; ++c)
+                    ASSERT_EQ(got[i * size_t(cols) + size_t(c)], want[size_t(c)]) << "token " << tokens[i];
+            }
+        }
+    }
+}
+
 TEST(CpuBackendWeights, SwitchedOffTheyAreReadInPlace) {
     std::mt19937 rng(tern::test::run_seed() + 3);
-    const std::vector<uint8_t> bytes = random_bytes(rng, quant::row_bytes(TensorType::Q4_1, 64) * 3);
+    const std::vector<uint8_t> bytes = random_bytes(rng, quant::row_bytes(TensorType::Q5_1, 64) * 3);
     ASSERT_EQ(setenv("TERN_CPU_WEIGHT_COPY", "0", 1), 0);
     auto be = backend::make_cpu_backend(1);
     unsetenv("TERN_CPU_WEIGHT_COPY");
-    auto w = be->register_weight(q4_1_matrix(bytes, 3, 64));
+    auto w = be->register_weight(matrix(bytes, 3, 64));
     ASSERT_TRUE(w.ok());
     EXPECT_EQ(w->host, bytes.data());
 }

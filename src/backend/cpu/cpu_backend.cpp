@@ -1,5 +1,6 @@
 // The CPU backend: weight matrices copied into huge-page memory where it can
-// be had (else read in place from the GGUF mapping), activations in host
+// be had (q4_0, q4_1 and q8_0 in the interleaved layout of quant/interleave.h
+// on AVX-512; else read in place from the GGUF mapping), activations in host
 // memory, OpenMP threads over independent rows, an f16 KV cache of pages laid
 // out [layer][page][pos in page][kv_head][head_dim].
 #include <omp.h>
@@ -26,6 +27,7 @@
 #include "base/fp16.h"
 #include "quant/act_quant.h"
 #include "quant/dot.h"
+#include "quant/interleave.h"
 #include "quant/quant.h"
 
 namespace tern::backend {
@@ -36,6 +38,14 @@ namespace {
 bool weight_copies_on() {
     const char* v = std::getenv("TERN_CPU_WEIGHT_COPY");
     return !(v && std::string(v) == "0");
+}
+
+// Matrices of q4_0, q4_1 and q8_0 are registered in the interleaved layout
+// (quant/interleave.h) where the AVX-512 path runs; TERN_CPU_INTERLEAVE=0
+// keeps their GGUF rows, for A/B runs.
+bool interleave_on() {
+    const char* v = std::getenv("TERN_CPU_INTERLEAVE");
+    return !(v && std::string(v) == "0") && quant::simd_path_best() == quant::SimdPath::avx512;
 }
 
 // n zeroed values from calloc: a large block (past the C library's mmap
@@ -85,12 +95,42 @@ public:
                 return Error{"tensor '" + w.name + "': " + s.message()};
             w.impl = f.data();
         }
-        if (w.rows > 1) {
+        if (w.rows > 1 && !interleave(w)) {
             // Matrices stream from huge pages where memory allows (weight_arena.h).
             const size_t span = weight_span(w);
             if (const void* copy = arena_.copy(w.host, span)) w.host = copy;
         }
         return w;
+    }
+
+    // Writes w's rows into the arena in the interleaved layout and points w
+    // there; false (w unchanged) where the type has none or memory is short.
+    bool interleave(Weight& w) {
+        if (!interleave_ || !quant::interleaved_type(w.type)) return false;
+        const size_t group_bytes = quant::interleaved_group_bytes(w.type, w.cols);
+        if (group_bytes == 0) return false;
+        auto* dst = static_cast<uint8_t*>(arena_.reserve(quant::interleaved_bytes(w.type, w.rows, w.cols)));
+        if (!dst) return false;
+        const size_t stride = w.row_bytes ? w.row_bytes : quant::row_bytes(w.type, w.cols);
+        const auto* src = static_cast<const uint8_t*>(w.host);
+        // Threads take runs of groups (the first touch of the arena's pages).
+        constexpr int64_t kRun = 64;
+        const int64_t groups = (w.rows + quant::kGroupRows - 1) / quant::kGroupRows;
+        const int64_t runs = (groups + kRun - 1) / kRun;
+        bool ok = true;
+#pragma omp parallel for schedule(static) if (runs > 1) reduction(&& : ok)
+        for (int64_t i = 0; i < runs; ++i) {
+            const int64_t r0 = i * kRun * quant::kGroupRows;
+            const int64_t rows = std::min(w.rows - r0, kRun * quant::kGroupRows);
+            ok = quant::interleave_rows(w.type, src + size_t(r0) * stride, stride, rows, w.cols,
+                                        dst + size_t(i * kRun) * group_bytes)
+                     .ok() &&
+                 ok;
+        }
+        if (!ok) return false;  // (the reserved bytes stay unused)
+        w.host = dst;
+        w.layout = WeightLayout::interleaved16;
+        return true;
     }
 
     Result<Tensor> alloc(int64_t rows, int64_t cols) override {
@@ -138,9 +178,19 @@ public:
     void embed(const Weight& table, const std::vector<int32_t>& tokens, Tensor out) override {
         const auto* base = static_cast<const uint8_t*>(table.host);
         for (int64_t t = 0; t < int64_t(tokens.size()); ++t) {
-            Status s = quant::dequantize_row(table.type, base + size_t(tokens[size_t(t)]) * table.row_bytes,
-                                             out.row(t), table.cols);
-            if (!s.ok()) note(s);
+            const int64_t token = tokens[size_t(t)];
+            const void* row = base + size_t(token) * table.row_bytes;
+            if (table.layout == WeightLayout::interleaved16) {
+                // A tied output matrix: the token's row read back from its group.
+                embed_row_.resize(quant::row_bytes(table.type, table.cols));
+                if (Status s = quant::deinterleave_row(table.type, table.host, table.cols, token, embed_row_.data());
+                    !s.ok()) {
+                    note(s);
+                    continue;
+                }
+                row = embed_row_.data();
+            }
+            if (Status s = quant::dequantize_row(table.type, row, out.row(t), table.cols); !s.ok()) note(s);
         }
     }
 
@@ -437,6 +487,8 @@ private:
     std::deque<ZeroedArray<float>> buffers_;
     std::deque<std::vector<float>> small_f32_;
     cpu::WeightArena arena_;
+    bool interleave_ = interleave_on();
+    std::vector<uint8_t> embed_row_;
     std::vector<quant::block_q8a> shared_xq_;  // matmul_shared's quantized input
     // The routing of route_experts: k experts and weights per token, each
     // expert's routed rows, and the expert matmuls' gathered rows.

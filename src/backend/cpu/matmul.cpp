@@ -3,7 +3,9 @@
 // threads. One token: the one-token row kernel per output element. Several:
 // the activations are packed once for the multi-token kernels, which return
 // for every (row, token) the one-token kernel's bits; so the tiling and the
-// batch decide only speed, never bits.
+// batch decide only speed, never bits. A weight the backend registered in the
+// interleaved layout (quant/interleave.h) goes to its group kernels instead,
+// sixteen rows and up to eight tokens a call, with the same bits.
 #include "backend/cpu/matmul.h"
 
 #include <omp.h>
@@ -16,6 +18,7 @@
 
 #include "backend/cpu/parallel.h"
 #include "quant/dot.h"
+#include "quant/interleave.h"
 #include "quant/quant.h"
 
 namespace tern::backend::cpu {
@@ -52,6 +55,13 @@ Result<size_t> check_weight(const Weight& w, const char* what) {
     if (w.rows < 1 || w.cols < 1)
         return Error{where + "has shape " + std::to_string(w.rows) + " x " + std::to_string(w.cols)};
     if (!w.host) return Error{where + "has no data"};
+    if (w.layout == WeightLayout::interleaved16) {
+        if (quant::interleaved_group_bytes(w.type, w.cols) == 0)
+            return Error{where + "(" + name_of(w.type) + ", " + std::to_string(w.cols) +
+                         " columns) has no interleaved layout"};
+        if (reinterpret_cast<uintptr_t>(w.host) % 64 != 0) return Error{where + "is not 64-byte aligned"};
+        return size_t(0);
+    }
     const size_t packed = quant::row_bytes(w.type, w.cols);
     if (packed == 0)
         return Error{where + "(" + name_of(w.type) + "): " + std::to_string(w.cols) +
@@ -90,6 +100,35 @@ void for_each_tile(int64_t rows, int64_t cols, int64_t n_tokens, int threads, Fn
             fn(r0, std::min(r0 + kRowsPerTile, rows), t0, std::min(t0 + kTokensPerTile, n_tokens));
         },
         threads);
+}
+
+// Tiles over an interleaved weight: groups of sixteen rows, eight tokens per
+// kernel call. (A tile's 32 rows are two whole groups.)
+static_assert(kRowsPerTile % quant::kGroupRows == 0);
+
+void group_rows(quant::DotGroupFn dot, const uint8_t* base, size_t group_bytes, int64_t rows, int64_t r0, int64_t r1,
+                const quant::block_q8a* xq, int n_tokens, int64_t cols, float* out, int64_t out_stride) {
+    for (int64_t r = r0; r < r1; r += quant::kGroupRows)
+        dot(base + size_t(r / quant::kGroupRows) * group_bytes, xq, n_tokens, cols, out + r, out_stride,
+            int(std::min<int64_t>(quant::kGroupRows, rows - r)));
+}
+
+Status matmul_interleaved(const Weight& w, const quant::block_q8a* xq, int64_t n_tokens, float* out,
+                          quant::SimdPath path, const MatmulOptions& opt) {
+    const quant::DotGroupFn dot = quant::dot_group_kernel(w.type, path);
+    if (!dot)
+        return Error{"matmul: no interleaved " + name_of(w.type) + " kernel on the " + quant::simd_path_name(path) +
+                     " path"};
+    const auto* base = static_cast<const uint8_t*>(w.host);
+    const size_t group_bytes = quant::interleaved_group_bytes(w.type, w.cols);
+    const int64_t rows = w.rows, cols = w.cols, nbk = cols / quant::QK8A;
+    for_each_tile(rows, cols, n_tokens, thread_count(opt), [&](int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; t += kTokensPerCall) {
+            const int nt = int(std::min(kTokensPerCall, t1 - t));
+            group_rows(dot, base, group_bytes, rows, r0, r1, xq + t * nbk, nt, cols, out + t * rows, rows);
+        }
+    });
+    return {};
 }
 
 Status matmul_float(const Weight& w, size_t stride, const float* x, int64_t n_tokens, float* out,
@@ -160,6 +199,7 @@ Status matmul_q8a(const Weight& w, const quant::block_q8a* xq, int64_t n_tokens,
                      ", which has no integer dot product"};
     auto path = pick_path(opt);
     if (!path.ok()) return path.error();
+    if (w.layout == WeightLayout::interleaved16) return matmul_interleaved(w, xq, n_tokens, out, *path, opt);
     const quant::DotRowFn dot = quant::dot_row_kernel(w.type, *path);
     if (!dot)
         return Error{"matmul: no " + name_of(w.type) + " kernel on the " + quant::simd_path_name(*path) + " path"};
@@ -214,9 +254,10 @@ bool matmul_q8a_one_token(const Q8aTarget* targets, int n, const quant::block_q8
     if (!path.ok()) return false;
     struct Part {
         const uint8_t* base;
-        size_t stride;
+        size_t stride;  // GGUF rows: row to row; interleaved: group to group
         int64_t rows, cols;
-        quant::DotRowsFn dot;
+        quant::DotRowsFn dot;         // GGUF rows
+        quant::DotGroupFn dot_group;  // interleaved
         float* out;
         int64_t first_tile;  // its row tiles' place in the loop
     };
@@ -226,9 +267,17 @@ bool matmul_q8a_one_token(const Q8aTarget* targets, int n, const quant::block_q8
         const Weight& w = *targets[i].w;
         auto stride = check_weight(w, "matmul");
         if (!stride.ok() || !quant::dot_int_type(w.type) || !targets[i].out) return false;
-        const quant::DotRowsFn dot = quant::dot_rows_kernel(w.type, *path);
-        if (!dot) return false;
-        parts[i] = Part{static_cast<const uint8_t*>(w.host), *stride, w.rows, w.cols, dot, targets[i].out, tiles};
+        const auto* base = static_cast<const uint8_t*>(w.host);
+        if (w.layout == WeightLayout::interleaved16) {
+            const quant::DotGroupFn dot = quant::dot_group_kernel(w.type, *path);
+            if (!dot) return false;
+            parts[i] = Part{base, quant::interleaved_group_bytes(w.type, w.cols), w.rows, w.cols, nullptr, dot,
+                            targets[i].out, tiles};
+        } else {
+            const quant::DotRowsFn dot = quant::dot_rows_kernel(w.type, *path);
+            if (!dot) return false;
+            parts[i] = Part{base, *stride, w.rows, w.cols, dot, nullptr, targets[i].out, tiles};
+        }
         tiles += (w.rows + kRowsPerTile - 1) / kRowsPerTile;
         work += w.rows * w.cols;
     }
@@ -242,7 +291,10 @@ bool matmul_q8a_one_token(const Q8aTarget* targets, int n, const quant::block_q8
             const Part& t = parts[p];
             // The tile matmul_q8a gives this weight: rows r0..r1 of its own.
             const int64_t r0 = (i - t.first_tile) * kRowsPerTile, r1 = std::min(r0 + kRowsPerTile, t.rows);
-            t.dot(t.base + size_t(r0) * t.stride, t.stride, r1 - r0, xq, t.cols, t.out + r0);
+            if (t.dot_group)
+                group_rows(t.dot_group, t.base, t.stride, t.rows, r0, r1, xq, 1, t.cols, t.out, t.rows);
+            else
+                t.dot(t.base + size_t(r0) * t.stride, t.stride, r1 - r0, xq, t.cols, t.out + r0);
         },
         threads);
     return true;

@@ -32,6 +32,22 @@ WeightArena::~WeightArena() {
 }
 
 const void* WeightArena::copy(const void* src, size_t n) {
+    auto* dst = static_cast<uint8_t*>(reserve(n));
+    if (!dst) return nullptr;
+    // Every thread copies a share: the copy is the first touch of the huge
+    // pages (the kernel clears each) and of the file's pages, work that one
+    // thread left at a few hundred MB/s.
+    const auto* from = static_cast<const uint8_t*>(src);
+    const int64_t pieces = int64_t((n + kCopyPiece - 1) / kCopyPiece);
+#pragma omp parallel for schedule(static) if (pieces > 1)
+    for (int64_t i = 0; i < pieces; ++i) {
+        const size_t at = size_t(i) * kCopyPiece;
+        std::memcpy(dst + at, from + at, std::min(kCopyPiece, n - at));
+    }
+    return dst;
+}
+
+void* WeightArena::reserve(size_t n) {
     if (n == 0) return nullptr;
     size_t resident = g_resident.load();
     do {
@@ -53,16 +69,6 @@ const void* WeightArena::copy(const void* src, size_t n) {
         chunk = &chunks_.back();
     }
     uint8_t* dst = chunk->base + chunk->used;
-    // Every thread copies a share: the copy is the first touch of the huge
-    // pages (the kernel clears each) and of the file's pages, work that one
-    // thread left at a few hundred MB/s.
-    const auto* from = static_cast<const uint8_t*>(src);
-    const int64_t pieces = int64_t((n + kCopyPiece - 1) / kCopyPiece);
-#pragma omp parallel for schedule(static) if (pieces > 1)
-    for (int64_t i = 0; i < pieces; ++i) {
-        const size_t at = size_t(i) * kCopyPiece;
-        std::memcpy(dst + at, from + at, std::min(kCopyPiece, n - at));
-    }
     chunk->used += need;
     copied_ += n;
     return dst;

@@ -30,6 +30,10 @@ public:
     // budget, or no memory to be had): the caller keeps src.
     const void* copy(const void* src, size_t n);
 
+    // n bytes, 64-byte aligned, for the caller to write (a registration layout
+    // other than the file's), or nullptr as for copy().
+    void* reserve(size_t n);
+
     size_t copied() const { return copied_; }
 
     // Three quarters of the memory the system reported available (MemAvailable:
