@@ -3,11 +3,12 @@
 //
 // Per block, the group's quants are four (q8_0: eight) 64-byte loads, each
 // word w of sixteen rows; a nibble load gives two steps (low nibbles:
-// elements 4w..4w+3, high: 16+4w..16+4w+3). Each step meets the token's
+// elements 4w..4w+3, high: 16+4w..16+4w+3), and q5's fifth bits come from
+// one more load, a shift and a bitwise select per step. Each step meets the token's
 // matching activation word, broadcast, in one vpdpbusd, so a block's integer
 // sum A of every row is eight instructions and needs no horizontal sum.
 // Offsets are taken out of A with the activation block's sum (q4_0's q - 8,
-// and q8_0's bytes stored plus 128), then the float term is formed as the row
+// q5_0's q - 16 and q8_0's bytes stored plus 128), then the float term is formed as the row
 // kernels form it and added into the block's lane: the blocks come lane by
 // lane (the layout's order), so one accumulator per token serves a lane, and
 // the eight lanes are folded as every path folds them. Compiled with
@@ -33,18 +34,36 @@ namespace {
 struct Q4_0 {
     static constexpr int kWords = 4;
     static constexpr int kOffsetShift = 3;  // q - 8
-    static constexpr bool kMin = false;
+    static constexpr bool kMin = false, kHigh = false;
 };
 struct Q4_1 {
     static constexpr int kWords = 4;
     static constexpr int kOffsetShift = 0;
-    static constexpr bool kMin = true;
+    static constexpr bool kMin = true, kHigh = false;
+};
+struct Q5_0 {
+    static constexpr int kWords = 4;
+    static constexpr int kOffsetShift = 4;  // q - 16
+    static constexpr bool kMin = false, kHigh = true;
+};
+struct Q5_1 {
+    static constexpr int kWords = 4;
+    static constexpr int kOffsetShift = 0;
+    static constexpr bool kMin = true, kHigh = true;
 };
 struct Q8_0 {
     static constexpr int kWords = 8;
     static constexpr int kOffsetShift = 7;  // stored q + 128
-    static constexpr bool kMin = false;
+    static constexpr bool kMin = false, kHigh = false;
 };
+
+// Step s's fifth bits (bit s of each byte of the spread high bits,
+// interleave.cpp) moved to bit 4 and or-ed into its nibbles.
+template <int s>
+inline __m512i with_high_bit(__m512i nibbles, __m512i high) {
+    const __m512i moved = s <= 4 ? _mm512_slli_epi32(high, 4 - s) : _mm512_srli_epi32(high, s - 4);
+    return _mm512_ternarylogic_epi32(nibbles, moved, _mm512_set1_epi8(0x10), 0xF8);  // a | (b & c)
+}
 
 // Bytes asked for ahead of those read: a one-token step streams the weights
 // from memory (docs/cpu-kernels.md, "prefetch").
@@ -61,7 +80,8 @@ void dot_group(const void* group, const block_q8a* a, int64_t k, float* out, int
     constexpr int64_t kUnit = T::kWords * 64;
     const int64_t nb = k / 32;
     const auto* qs = static_cast<const uint8_t*>(group);
-    const auto* d = qs + nb * kUnit;
+    const auto* qh = qs + nb * kUnit;
+    const auto* d = qh + (T::kHigh ? nb * 64 : 0);
     const auto* m = d + nb * 32;
     const __m512i low4 = _mm512_set1_epi8(0x0F);
     __m512 lanes[kTokens][8];
@@ -85,6 +105,17 @@ void dot_group(const void* group, const block_q8a* a, int64_t k, float* out, int
             } else {
 #pragma GCC unroll 8
                 for (int w = 0; w < 8; ++w) step[w] = _mm512_loadu_si512(q + 64 * w);
+            }
+            if constexpr (T::kHigh) {
+                const __m512i h = _mm512_loadu_si512(qh + u * 64);
+                step[0] = with_high_bit<0>(step[0], h);
+                step[1] = with_high_bit<1>(step[1], h);
+                step[2] = with_high_bit<2>(step[2], h);
+                step[3] = with_high_bit<3>(step[3], h);
+                step[4] = with_high_bit<4>(step[4], h);
+                step[5] = with_high_bit<5>(step[5], h);
+                step[6] = with_high_bit<6>(step[6], h);
+                step[7] = with_high_bit<7>(step[7], h);
             }
             const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d + u * 32)));
             __m512 mw = _mm512_setzero_ps();
@@ -148,6 +179,8 @@ DotGroupFn group_kernel_avx512(TensorType type) {
     switch (type) {
         case TensorType::Q4_0: return dot_group_tokens<Q4_0>;
         case TensorType::Q4_1: return dot_group_tokens<Q4_1>;
+        case TensorType::Q5_0: return dot_group_tokens<Q5_0>;
+        case TensorType::Q5_1: return dot_group_tokens<Q5_1>;
         case TensorType::Q8_0: return dot_group_tokens<Q8_0>;
         default: return nullptr;
     }

@@ -24,23 +24,44 @@ namespace {
 
 // Where one block of one row lies in the GGUF bytes and in a group.
 struct Shape {
-    int words = 0;        // 4-byte words of quants per block and row
-    size_t qs_at = 0;     // offset of the quants in a GGUF block
-    bool has_min = false; // q4_1: the f16 min follows the f16 scale
-    bool bias = false;    // q8_0: bytes stored plus 128
-    size_t block = 0;     // GGUF block bytes
+    int words = 0;         // 4-byte words of quants per block and row
+    size_t qs_at = 0;      // offset of the quants in a GGUF block
+    size_t qh_at = 0;      // q5_0, q5_1: offset of the 32 high bits (0: none)
+    bool has_min = false;  // q4_1, q5_1: the f16 min follows the f16 scale
+    bool bias = false;     // q8_0: bytes stored plus 128
+    size_t block = 0;      // GGUF block bytes
 };
 
 bool shape_of(TensorType type, Shape& s) {
     switch (type) {
-        case TensorType::Q4_0: s = {4, offsetof(block_q4_0, qs), false, false, sizeof(block_q4_0)}; return true;
-        case TensorType::Q4_1: s = {4, offsetof(block_q4_1, qs), true, false, sizeof(block_q4_1)}; return true;
-        case TensorType::Q8_0: s = {8, offsetof(block_q8_0, qs), false, true, sizeof(block_q8_0)}; return true;
+        case TensorType::Q4_0: s = {4, offsetof(block_q4_0, qs), 0, false, false, sizeof(block_q4_0)}; return true;
+        case TensorType::Q4_1: s = {4, offsetof(block_q4_1, qs), 0, true, false, sizeof(block_q4_1)}; return true;
+        case TensorType::Q5_0:
+            s = {4, offsetof(block_q5_0, qs), offsetof(block_q5_0, qh), false, false, sizeof(block_q5_0)};
+            return true;
+        case TensorType::Q5_1:
+            s = {4, offsetof(block_q5_1, qs), offsetof(block_q5_1, qh), true, false, sizeof(block_q5_1)};
+            return true;
+        case TensorType::Q8_0: s = {8, offsetof(block_q8_0, qs), 0, false, true, sizeof(block_q8_0)}; return true;
         default: return false;
     }
 }
 
 size_t unit_bytes(const Shape& s) { return size_t(s.words) * 4 * kGroupRows; }
+
+// The high bits of a q5 block, rearranged so that a kernel's step s (elements
+// 4s..4s+3, interleave.h) finds the bits of its four bytes as bit s of bytes
+// 0..3: byte c, bit s holds element 4s + c's bit.
+uint32_t spread_high_bits(uint32_t qh) {
+    uint32_t out = 0;
+    for (int e = 0; e < 32; ++e) out |= ((qh >> e) & 1u) << ((e % 4) * 8 + e / 4);
+    return out;
+}
+uint32_t gather_high_bits(uint32_t spread) {
+    uint32_t qh = 0;
+    for (int e = 0; e < 32; ++e) qh |= ((spread >> ((e % 4) * 8 + e / 4)) & 1u) << e;
+    return qh;
+}
 
 // The place of block b among a group's nb units: lane by lane (b % 8), in
 // order of b within a lane.
@@ -51,35 +72,55 @@ int64_t unit_of(int64_t nb, int64_t b) {
     return before + b / 8;
 }
 
-size_t group_bytes(const Shape& s, int64_t nb) {
-    const size_t planes = s.has_min ? 2 : 1;
-    const size_t raw = size_t(nb) * (unit_bytes(s) + planes * 2 * kGroupRows);
-    return (raw + 63) / 64 * 64;
+// Offsets within a group of nb blocks: quants, high bits, scales, mins.
+struct Regions {
+    size_t qh = 0, d = 0, m = 0, end = 0;
+};
+Regions regions_of(const Shape& s, int64_t nb) {
+    Regions g;
+    g.qh = size_t(nb) * unit_bytes(s);
+    g.d = g.qh + (s.qh_at ? size_t(nb) * 4 * kGroupRows : 0);
+    g.m = g.d + size_t(nb) * 2 * kGroupRows;
+    g.end = s.has_min ? g.m + size_t(nb) * 2 * kGroupRows : g.m;
+    return g;
 }
+
+size_t group_bytes(const Shape& s, int64_t nb) { return (regions_of(s, nb).end + 63) / 64 * 64; }
 
 // Copies row r (0..15) of a group to (kToGroup) or from its GGUF blocks.
 template <bool kToGroup>
 void move_row(const Shape& s, int64_t nb, std::conditional_t<kToGroup, uint8_t*, const uint8_t*> group, int r,
               std::conditional_t<kToGroup, const uint8_t*, uint8_t*> row) {
-    const size_t plane = size_t(nb) * 2 * kGroupRows;
-    const size_t d_at = size_t(nb) * unit_bytes(s);
+    const Regions g = regions_of(s, nb);
+    auto move = [&](size_t g_at, size_t row_at, size_t n, uint8_t flip) {
+        for (size_t i = 0; i < n; ++i) {
+            if constexpr (kToGroup)
+                group[g_at + i] = uint8_t(row[row_at + i] ^ flip);
+            else
+                row[row_at + i] = uint8_t(group[g_at + i] ^ flip);
+        }
+    };
     for (int64_t b = 0; b < nb; ++b) {
         const size_t u = size_t(unit_of(nb, b));
         const size_t blk = size_t(b) * s.block;
-        const size_t dw = d_at + u * 2 * kGroupRows + size_t(r) * 2, mw = dw + plane;  // scale, min
-        auto move = [&](size_t g_at, size_t row_at, size_t n, uint8_t flip) {
-            for (size_t i = 0; i < n; ++i) {
-                if constexpr (kToGroup)
-                    group[g_at + i] = uint8_t(row[row_at + i] ^ flip);
-                else
-                    row[row_at + i] = uint8_t(group[g_at + i] ^ flip);
-            }
-        };
-        move(dw, blk, 2, 0);
-        if (s.has_min) move(mw, blk + 2, 2, 0);
+        move(g.d + u * 2 * kGroupRows + size_t(r) * 2, blk, 2, 0);
+        if (s.has_min) move(g.m + u * 2 * kGroupRows + size_t(r) * 2, blk + 2, 2, 0);
         for (int w = 0; w < s.words; ++w)
             move(u * unit_bytes(s) + size_t(w) * 4 * kGroupRows + size_t(r) * 4, blk + s.qs_at + size_t(w) * 4, 4,
                  s.bias ? 0x80 : 0);
+        if (s.qh_at) {
+            const size_t at = g.qh + u * 4 * kGroupRows + size_t(r) * 4;
+            uint32_t bits;
+            if constexpr (kToGroup) {
+                std::memcpy(&bits, row + blk + s.qh_at, 4);
+                bits = spread_high_bits(bits);
+                std::memcpy(group + at, &bits, 4);
+            } else {
+                std::memcpy(&bits, group + at, 4);
+                bits = gather_high_bits(bits);
+                std::memcpy(row + blk + s.qh_at, &bits, 4);
+            }
+        }
     }
 }
 
@@ -113,6 +154,8 @@ DotGroupFn by_rows(TensorType type) {
     switch (type) {
         case TensorType::Q4_0: return dot_group_by_rows<TensorType::Q4_0, kPath>;
         case TensorType::Q4_1: return dot_group_by_rows<TensorType::Q4_1, kPath>;
+        case TensorType::Q5_0: return dot_group_by_rows<TensorType::Q5_0, kPath>;
+        case TensorType::Q5_1: return dot_group_by_rows<TensorType::Q5_1, kPath>;
         case TensorType::Q8_0: return dot_group_by_rows<TensorType::Q8_0, kPath>;
         default: return nullptr;
     }

@@ -1,5 +1,5 @@
 // The CPU's registration layout for rows of 32-element blocks (q4_0, q4_1,
-// q8_0): rows in groups of sixteen, each block's bytes interleaved across the
+// q5_0, q5_1, q8_0): rows in groups of sixteen, each block's bytes interleaved across the
 // group's rows, so that one 512-bit register holds four bytes of each of
 // sixteen rows, lane r belonging to row r.
 //
@@ -18,8 +18,11 @@
 //   qs: nb units, one per block: for word w of the block's quants (4 for the
 //       nibble types, 8 for q8_0), the 16 rows' word w (4 bytes each); q8_0's
 //       bytes are stored plus 128 (as unsigned: q ^ 0x80);
+//   qh: q5_0 and q5_1 only, nb units of the 16 rows' 32 high bits, each
+//       row's rearranged so that byte c, bit s holds element 4s + c's bit
+//       (the four bytes a kernel's step s reads);
 //   d:  nb units of the 16 rows' f16 scales;
-//   m:  q4_1 only, nb units of the 16 rows' f16 mins;
+//   m:  q4_1 and q5_1 only, nb units of the 16 rows' f16 mins;
 // then zero bytes up to a multiple of 64. Rows past the matrix's last, in its
 // last group, hold zero blocks.
 #pragma once
@@ -36,7 +39,7 @@ namespace tern::quant {
 
 constexpr int kGroupRows = 16;
 
-// Q4_0, Q4_1 and Q8_0.
+// Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0.
 bool interleaved_type(TensorType type);
 
 // Bytes of one group of rows of cols elements; 0 for another type or cols that

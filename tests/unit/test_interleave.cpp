@@ -1,5 +1,5 @@
 // quant/interleave: the CPU's registration layout of sixteen interleaved rows
-// (q4_0, q4_1, q8_0). Checked: every row reads back to its GGUF bytes and the
+// (q4_0, q4_1, q5_0, q5_1, q8_0). Checked: every row reads back to its GGUF bytes and the
 // padding rows read back as zero blocks; every path's group kernel gives every (row, token)
 // the scalar row kernel's bits on the GGUF row, for 1..8 tokens, ragged rows
 // (every tail of 1..7 blocks, rows of fewer than eight blocks), groups of
@@ -30,7 +30,8 @@ using namespace tern::dot_testing;
 using backend::Weight;
 using backend::WeightLayout;
 
-const TensorType kTypes[] = {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q8_0};
+const TensorType kTypes[] = {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q5_0, TensorType::Q5_1,
+                             TensorType::Q8_0};
 
 // 64-byte aligned bytes, as the backend's arena gives them.
 struct Aligned {
@@ -212,7 +213,7 @@ TEST(Interleave, BadArgumentsAreErrors) {
     EXPECT_FALSE(interleave_rows(TensorType::Q4_0, buf, 18, 1, 40, dst.get()).ok());
     EXPECT_FALSE(interleave_rows(TensorType::Q4_0, buf, 10, 1, 32, dst.get()).ok());  // stride below the row
     EXPECT_FALSE(deinterleave_row(TensorType::Q4_0, dst.get(), 32, -1, buf).ok());
-    EXPECT_EQ(dot_group_kernel(TensorType::Q5_0, SimdPath::scalar), nullptr);
+    EXPECT_EQ(dot_group_kernel(TensorType::Q4_K, SimdPath::scalar), nullptr);
 
     // A matmul over a weight marked interleaved whose type has no such layout.
     Weight w;

@@ -78,9 +78,9 @@ TEST(WeightArena, CopiesAreGivenBackWithTheArena) {
     }
 }
 
-// (q5_1 has 32-element blocks and no interleaved layout: its copies are byte for byte.)
+// (f16 rows have no interleaved layout: their copies are byte for byte.)
 backend::Weight matrix(const std::vector<uint8_t>& bytes, int64_t rows, int64_t cols,
-                       TensorType type = TensorType::Q5_1) {
+                       TensorType type = TensorType::F16) {
     backend::Weight w;
     w.name = "m";
     w.type = type;
@@ -94,7 +94,7 @@ backend::Weight matrix(const std::vector<uint8_t>& bytes, int64_t rows, int64_t 
 TEST(CpuBackendWeights, MatricesAreCopiedViewsAtTheirStrideVectorsAreNot) {
     std::mt19937 rng(tern::test::run_seed() + 2);
     const int64_t rows = 7, cols = 256;
-    const size_t rb = quant::row_bytes(TensorType::Q5_1, cols);
+    const size_t rb = quant::row_bytes(TensorType::F16, cols);
     const std::vector<uint8_t> bytes = random_bytes(rng, rb * size_t(rows));
     auto be = backend::make_cpu_backend(1);
     if (backend::cpu::WeightArena::available_budget() < (size_t(512) << 20))
@@ -107,13 +107,13 @@ TEST(CpuBackendWeights, MatricesAreCopiedViewsAtTheirStrideVectorsAreNot) {
 
     // Columns 64..191 of rows 2..5: four blocks of each row, at the full stride.
     backend::Weight view = matrix(bytes, 4, 128);
-    view.host = bytes.data() + 2 * rb + quant::row_bytes(TensorType::Q5_1, 64);
+    view.host = bytes.data() + 2 * rb + quant::row_bytes(TensorType::F16, 64);
     view.row_bytes = rb;
     auto v = be->register_weight(view);
     ASSERT_TRUE(v.ok()) << v.error().message;
     EXPECT_NE(v->host, view.host);
     EXPECT_EQ(v->row_bytes, rb);
-    const size_t view_row = quant::row_bytes(TensorType::Q5_1, 128);
+    const size_t view_row = quant::row_bytes(TensorType::F16, 128);
     for (int64_t r = 0; r < 4; ++r)
         EXPECT_EQ(std::memcmp(static_cast<const uint8_t*>(v->host) + r * rb,
                               static_cast<const uint8_t*>(view.host) + r * rb, view_row),
@@ -132,7 +132,7 @@ TEST(CpuBackendWeights, MatricesAreCopiedViewsAtTheirStrideVectorsAreNot) {
     EXPECT_EQ(n->host, norm.data());
 }
 
-// q4_0, q4_1 and q8_0 matrices are registered in the interleaved layout where
+// q4_0, q4_1, q5_0, q5_1 and q8_0 matrices are registered in the interleaved layout where
 // the AVX-512 path runs (else, and with TERN_CPU_INTERLEAVE=0, copied as GGUF
 // rows); every row reads back, and the backend's embedding lookup reads a
 // table in either layout.
@@ -141,7 +141,7 @@ TEST(CpuBackendWeights, InterleavedWhereAvx512RunsAndEveryRowReadsBack) {
     if (backend::cpu::WeightArena::available_budget() < (size_t(512) << 20))
         GTEST_SKIP() << "less than 512 MiB of memory available: the backend reads weights in place";
     const bool avx512 = quant::simd_path_best() == quant::SimdPath::avx512;
-    for (TensorType t : {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q8_0}) {
+    for (TensorType t : {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q5_0, TensorType::Q5_1, TensorType::Q8_0}) {
         for (const bool switched_off : {false, true}) {
             SCOPED_TRACE(std::string(tensor_type_name(uint32_t(t))) + (switched_off ? " TERN_CPU_INTERLEAVE=0" : ""));
             const int64_t rows = 37, cols = 96;
@@ -188,7 +188,7 @@ TEST(CpuBackendWeights, InterleavedWhereAvx512RunsAndEveryRowReadsBack) {
 
 TEST(CpuBackendWeights, SwitchedOffTheyAreReadInPlace) {
     std::mt19937 rng(tern::test::run_seed() + 3);
-    const std::vector<uint8_t> bytes = random_bytes(rng, quant::row_bytes(TensorType::Q5_1, 64) * 3);
+    const std::vector<uint8_t> bytes = random_bytes(rng, quant::row_bytes(TensorType::F16, 64) * 3);
     ASSERT_EQ(setenv("TERN_CPU_WEIGHT_COPY", "0", 1), 0);
     auto be = backend::make_cpu_backend(1);
     unsetenv("TERN_CPU_WEIGHT_COPY");

@@ -1,8 +1,8 @@
 // The CPU backend: weight matrices copied into huge-page memory where it can
-// be had (q4_0, q4_1 and q8_0 in the interleaved layout of quant/interleave.h
-// on AVX-512; else read in place from the GGUF mapping), activations in host
-// memory, OpenMP threads over independent rows, an f16 KV cache of pages laid
-// out [layer][page][pos in page][kv_head][head_dim].
+// be had (those of 32-element blocks in the interleaved layout of
+// quant/interleave.h on AVX-512; else read in place from the GGUF mapping),
+// activations in host memory, OpenMP threads over independent rows, an f16
+// KV cache of pages laid out [layer][page][pos in page][kv_head][head_dim].
 #include <omp.h>
 
 #include <algorithm>
@@ -40,9 +40,9 @@ bool weight_copies_on() {
     return !(v && std::string(v) == "0");
 }
 
-// Matrices of q4_0, q4_1 and q8_0 are registered in the interleaved layout
-// (quant/interleave.h) where the AVX-512 path runs; TERN_CPU_INTERLEAVE=0
-// keeps their GGUF rows, for A/B runs.
+// Matrices of 32-element blocks (q4_0, q4_1, q5_0, q5_1, q8_0) are registered
+// in the interleaved layout (quant/interleave.h) where the AVX-512 path runs;
+// TERN_CPU_INTERLEAVE=0 keeps their GGUF rows, for A/B runs.
 bool interleave_on() {
     const char* v = std::getenv("TERN_CPU_INTERLEAVE");
     return !(v && std::string(v) == "0") && quant::simd_path_best() == quant::SimdPath::avx512;
