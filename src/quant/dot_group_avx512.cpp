@@ -3,17 +3,20 @@
 //
 // Per block, the group's quants are four (q8_0: eight) 64-byte loads, each
 // word w of sixteen rows; a nibble load gives two steps (low nibbles:
-// elements 4w..4w+3, high: 16+4w..16+4w+3), and q5's fifth bits come from
-// one more load, a shift and a bitwise select per step. Each step meets the token's
-// matching activation word, broadcast, in one vpdpbusd, so a block's integer
-// sum A of every row is eight instructions and needs no horizontal sum.
-// Offsets are taken out of A with the activation block's sum (q4_0's q - 8,
-// q5_0's q - 16 and q8_0's bytes stored plus 128), then the float term is formed as the row
-// kernels form it and added into the block's lane: the blocks come lane by
-// lane (the layout's order), so one accumulator per token serves a lane, and
-// the eight lanes are folded as every path folds them. Compiled with
-// -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mf16c (src/CMakeLists.txt);
-// without them it exports no kernels.
+// elements 4w..4w+3, high: 16+4w..16+4w+3), and the high bits of q5 and q6
+// types come from one or two more loads, a shift and a bitwise select per
+// step. Each step meets the token's matching activation word, broadcast, in
+// one vpdpbusd, in two chains (elements 0..15 and 16..31), so a block's
+// integer sums of every row take eight instructions and no horizontal sum.
+// Then the row kernels' integers (docs/cpu-kernels.md): offsets taken out
+// with the activations' sums (q4_0's q - 8, q5_0's q - 16, q8_0's bytes
+// stored plus 128, q6_K's q - 32 per half), K-quant sub-block scales and mins
+// multiplied in; the float term formed as the row kernels form it and added
+// into the block's lane. The blocks come lane by lane (the layout's order),
+// so one accumulator per token serves a lane, and the eight lanes are folded
+// as every path folds them. Compiled with -mavx512f -mavx512bw -mavx512vl
+// -mavx512vnni -mf16c (src/CMakeLists.txt); without them it exports no
+// kernels.
 #include "quant/interleave.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__) && \
@@ -27,47 +30,72 @@
 #include <cstring>
 
 #include "quant/dot.h"
+#include "quant/interleave_layout.h"
 
 namespace tern::quant::detail {
 namespace {
 
-struct Q4_0 {
-    static constexpr int kWords = 4;
-    static constexpr int kOffsetShift = 3;  // q - 8
-    static constexpr bool kMin = false, kHigh = false;
-};
-struct Q4_1 {
-    static constexpr int kWords = 4;
-    static constexpr int kOffsetShift = 0;
-    static constexpr bool kMin = true, kHigh = false;
-};
-struct Q5_0 {
-    static constexpr int kWords = 4;
-    static constexpr int kOffsetShift = 4;  // q - 16
-    static constexpr bool kMin = false, kHigh = true;
-};
-struct Q5_1 {
-    static constexpr int kWords = 4;
-    static constexpr int kOffsetShift = 0;
-    static constexpr bool kMin = true, kHigh = true;
-};
-struct Q8_0 {
-    static constexpr int kWords = 8;
-    static constexpr int kOffsetShift = 7;  // stored q + 128
-    static constexpr bool kMin = false, kHigh = false;
+// How a block's integers become the row kernels' A and X.
+enum class Ints {
+    offset,    // A = sum q*a - (sum a << shift); X = sum a where the type has a min
+    k_min,     // q4_K, q5_K: A = sc * sum q*a, X = mn * sum a
+    k_halves,  // q6_K: A = sc0 * sum_0..15 (q-32)*a + sc1 * sum_16..31 (q-32)*a
 };
 
-// Step s's fifth bits (bit s of each byte of the spread high bits,
-// interleave.cpp) moved to bit 4 and or-ed into its nibbles.
-template <int s>
-inline __m512i with_high_bit(__m512i nibbles, __m512i high) {
-    const __m512i moved = s <= 4 ? _mm512_slli_epi32(high, 4 - s) : _mm512_srli_epi32(high, s - 4);
-    return _mm512_ternarylogic_epi32(nibbles, moved, _mm512_set1_epi8(0x10), 0xF8);  // a | (b & c)
+template <TensorType kT, Ints kI, int kShift = 0>
+struct Type {
+    static constexpr TensorType kType = kT;
+    static constexpr Ints kInts = kI;
+    static constexpr int kOffsetShift = kShift;
+    static constexpr LayoutKind kind() {
+        LayoutKind k;
+        layout_kind(kT, k);
+        return k;
+    }
+};
+
+using Q4_0 = Type<TensorType::Q4_0, Ints::offset, 3>;  // q - 8
+using Q4_1 = Type<TensorType::Q4_1, Ints::offset>;
+using Q5_0 = Type<TensorType::Q5_0, Ints::offset, 4>;  // q - 16
+using Q5_1 = Type<TensorType::Q5_1, Ints::offset>;
+using Q8_0 = Type<TensorType::Q8_0, Ints::offset, 7>;  // stored q + 128
+using Q4_K = Type<TensorType::Q4_K, Ints::k_min>;
+using Q5_K = Type<TensorType::Q5_K, Ints::k_min>;
+using Q6_K = Type<TensorType::Q6_K, Ints::k_halves>;
+
+// Step s's high bits moved to bit 4 (q5 types: bit s of each byte of the
+// spread word) or bits 4..5 (q6_K: bits 2s'..2s'+1 of word s / 4, s' = s % 4)
+// and or-ed into its nibbles (interleave.cpp, spread_high).
+template <int kHighWords, int s>
+inline __m512i with_high_bits(__m512i nibbles, const __m512i* high) {
+    if constexpr (kHighWords == 1) {
+        const __m512i moved = s <= 4 ? _mm512_slli_epi32(high[0], 4 - s) : _mm512_srli_epi32(high[0], s - 4);
+        return _mm512_ternarylogic_epi32(nibbles, moved, _mm512_set1_epi8(0x10), 0xF8);  // a | (b & c)
+    } else {
+        constexpr int sp = s % 4;
+        const __m512i w = high[s / 4];
+        const __m512i moved = sp < 2 ? _mm512_slli_epi32(w, 4 - 2 * sp) : _mm512_srli_epi32(w, 2 * sp - 4);
+        return _mm512_ternarylogic_epi32(nibbles, moved, _mm512_set1_epi8(0x30), 0xF8);
+    }
+}
+
+template <int kHighWords>
+inline void add_high_bits(__m512i* step, const __m512i* high) {
+    step[0] = with_high_bits<kHighWords, 0>(step[0], high);
+    step[1] = with_high_bits<kHighWords, 1>(step[1], high);
+    step[2] = with_high_bits<kHighWords, 2>(step[2], high);
+    step[3] = with_high_bits<kHighWords, 3>(step[3], high);
+    step[4] = with_high_bits<kHighWords, 4>(step[4], high);
+    step[5] = with_high_bits<kHighWords, 5>(step[5], high);
+    step[6] = with_high_bits<kHighWords, 6>(step[6], high);
+    step[7] = with_high_bits<kHighWords, 7>(step[7], high);
 }
 
 // Bytes asked for ahead of those read: a one-token step streams the weights
 // from memory (docs/cpu-kernels.md, "prefetch").
 constexpr int64_t kAhead = 2048;
+
+inline void prefetch(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p + kAhead), _MM_HINT_T0); }
 
 inline __m512i word(const block_q8a& x, int w) {
     int32_t v;
@@ -75,14 +103,26 @@ inline __m512i word(const block_q8a& x, int w) {
     return _mm512_set1_epi32(v);
 }
 
+// The sum of an activation block's first sixteen quanta.
+inline int32_t first_half_sum(const block_q8a& x) {
+    const __m128i biased = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.qs)),
+                                         _mm_set1_epi8(char(0x80)));  // q + 128, unsigned
+    const __m128i s = _mm_sad_epu8(biased, _mm_setzero_si128());
+    return _mm_cvtsi128_si32(s) + _mm_extract_epi16(s, 4) - 16 * 128;
+}
+
+inline __m512 half16(const uint8_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
 template <class T, int kTokens>
 void dot_group(const void* group, const block_q8a* a, int64_t k, float* out, int64_t out_stride, int n_rows) {
-    constexpr int64_t kUnit = T::kWords * 64;
+    constexpr LayoutKind kKind = T::kind();
+    constexpr int64_t kUnit = kKind.words * 64, kHighUnit = kKind.high_words * 64;
     const int64_t nb = k / 32;
-    const auto* qs = static_cast<const uint8_t*>(group);
-    const auto* qh = qs + nb * kUnit;
-    const auto* d = qh + (T::kHigh ? nb * 64 : 0);
-    const auto* m = d + nb * 32;
+    const GroupRegions g = group_regions(kKind, nb);
+    const auto* base = static_cast<const uint8_t*>(group);
+    const uint8_t *qh = base + g.qh, *d = base + g.d, *m = base + g.m, *sc = base + g.sc, *mn = base + g.mn;
     const __m512i low4 = _mm512_set1_epi8(0x0F);
     __m512 lanes[kTokens][8];
     int64_t u = 0;  // units in the layout's order
@@ -90,12 +130,11 @@ void dot_group(const void* group, const block_q8a* a, int64_t k, float* out, int
         __m512 acc[kTokens];
         for (int t = 0; t < kTokens; ++t) acc[t] = _mm512_setzero_ps();
         for (int64_t b = j; b < nb; b += 8, ++u) {
-            const uint8_t* q = qs + u * kUnit;
+            const uint8_t* q = base + u * kUnit;
 #pragma GCC unroll 8
-            for (int64_t off = 0; off < kUnit; off += 64) _mm_prefetch(reinterpret_cast<const char*>(q + kAhead + off), _MM_HINT_T0);
-            _mm_prefetch(reinterpret_cast<const char*>(d + u * 32 + kAhead / 8), _MM_HINT_T0);
+            for (int64_t off = 0; off < kUnit; off += 64) prefetch(q + off);
             __m512i step[8];
-            if constexpr (T::kWords == 4) {
+            if constexpr (kKind.words == 4) {
 #pragma GCC unroll 4
                 for (int w = 0; w < 4; ++w) {
                     const __m512i x = _mm512_loadu_si512(q + 64 * w);
@@ -106,27 +145,33 @@ void dot_group(const void* group, const block_q8a* a, int64_t k, float* out, int
 #pragma GCC unroll 8
                 for (int w = 0; w < 8; ++w) step[w] = _mm512_loadu_si512(q + 64 * w);
             }
-            if constexpr (T::kHigh) {
-                const __m512i h = _mm512_loadu_si512(qh + u * 64);
-                step[0] = with_high_bit<0>(step[0], h);
-                step[1] = with_high_bit<1>(step[1], h);
-                step[2] = with_high_bit<2>(step[2], h);
-                step[3] = with_high_bit<3>(step[3], h);
-                step[4] = with_high_bit<4>(step[4], h);
-                step[5] = with_high_bit<5>(step[5], h);
-                step[6] = with_high_bit<6>(step[6], h);
-                step[7] = with_high_bit<7>(step[7], h);
+            if constexpr (kKind.high_words > 0) {
+                __m512i high[2];
+                for (int h = 0; h < kKind.high_words; ++h) {
+                    prefetch(qh + u * kHighUnit + 64 * h);
+                    high[h] = _mm512_loadu_si512(qh + u * kHighUnit + 64 * h);
+                }
+                add_high_bits<kKind.high_words>(step, high);
             }
-            const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d + u * 32)));
+            // Scales and mins: per block, or per super-block (K-quants).
+            const int64_t su = kKind.k_quant ? b / 8 : u;
+            if (!kKind.k_quant) prefetch(d + su * 32);
+            const __m512 dw = half16(d + su * 32);
             __m512 mw = _mm512_setzero_ps();
-            if constexpr (T::kMin) {
-                _mm_prefetch(reinterpret_cast<const char*>(m + u * 32 + kAhead / 8), _MM_HINT_T0);
-                mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(m + u * 32)));
+            if constexpr (kKind.has_min) mw = half16(m + su * 32);
+            __m512i sc0 = _mm512_setzero_si512(), sc1 = sc0, mnv = sc0;
+            if constexpr (T::kInts == Ints::k_min) {
+                sc0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + u * 16)));
+                mnv = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mn + u * 16)));
+            } else if constexpr (T::kInts == Ints::k_halves) {
+                sc0 = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + u * 32)));
+                sc1 = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + u * 32 + 16)));
             }
 #pragma GCC unroll 8
             for (int t = 0; t < kTokens; ++t) {
                 const block_q8a& x = a[t * nb + b];
-                // Two chains of four, so that a lone token waits on four products, not eight.
+                // Two chains of four: elements 0..15 and 16..31 (a lone token
+                // waits on four products, not eight; q6_K scales each).
                 __m512i c0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), step[0], word(x, 0));
                 __m512i c1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), step[4], word(x, 4));
 #pragma GCC unroll 3
@@ -134,13 +179,27 @@ void dot_group(const void* group, const block_q8a* a, int64_t k, float* out, int
                     c0 = _mm512_dpbusd_epi32(c0, step[w], word(x, w));
                     c1 = _mm512_dpbusd_epi32(c1, step[w + 4], word(x, w + 4));
                 }
-                __m512i A = _mm512_add_epi32(c0, c1);
                 const __m512i sum = _mm512_set1_epi32(x.sum);
-                if constexpr (T::kOffsetShift != 0) A = _mm512_sub_epi32(A, _mm512_slli_epi32(sum, T::kOffsetShift));
                 const __m512 da = _mm512_set1_ps(x.d);
-                __m512 term = _mm512_mul_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(A));
-                if constexpr (T::kMin)
-                    term = _mm512_add_ps(term, _mm512_mul_ps(_mm512_mul_ps(mw, da), _mm512_cvtepi32_ps(sum)));
+                __m512 term;
+                if constexpr (T::kInts == Ints::offset) {
+                    __m512i A = _mm512_add_epi32(c0, c1);
+                    if constexpr (T::kOffsetShift != 0) A = _mm512_sub_epi32(A, _mm512_slli_epi32(sum, T::kOffsetShift));
+                    term = _mm512_mul_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(A));
+                    if constexpr (kKind.has_min)
+                        term = _mm512_add_ps(term, _mm512_mul_ps(_mm512_mul_ps(mw, da), _mm512_cvtepi32_ps(sum)));
+                } else if constexpr (T::kInts == Ints::k_min) {
+                    const __m512i A = _mm512_mullo_epi32(sc0, _mm512_add_epi32(c0, c1));
+                    const __m512i X = _mm512_mullo_epi32(mnv, sum);
+                    term = _mm512_sub_ps(_mm512_mul_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(A)),
+                                         _mm512_mul_ps(_mm512_mul_ps(mw, da), _mm512_cvtepi32_ps(X)));
+                } else {
+                    const int32_t s0 = first_half_sum(x);
+                    const __m512i lo = _mm512_sub_epi32(c0, _mm512_set1_epi32(32 * s0));
+                    const __m512i hi = _mm512_sub_epi32(c1, _mm512_set1_epi32(32 * (x.sum - s0)));
+                    const __m512i A = _mm512_add_epi32(_mm512_mullo_epi32(sc0, lo), _mm512_mullo_epi32(sc1, hi));
+                    term = _mm512_mul_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(A));
+                }
                 acc[t] = _mm512_add_ps(acc[t], term);
             }
         }
@@ -182,6 +241,9 @@ DotGroupFn group_kernel_avx512(TensorType type) {
         case TensorType::Q5_0: return dot_group_tokens<Q5_0>;
         case TensorType::Q5_1: return dot_group_tokens<Q5_1>;
         case TensorType::Q8_0: return dot_group_tokens<Q8_0>;
+        case TensorType::Q4_K: return dot_group_tokens<Q4_K>;
+        case TensorType::Q5_K: return dot_group_tokens<Q5_K>;
+        case TensorType::Q6_K: return dot_group_tokens<Q6_K>;
         default: return nullptr;
     }
 }

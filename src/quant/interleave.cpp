@@ -1,15 +1,24 @@
 // The interleaved registration layout (interleave.h): writing it, reading a
 // row back, and the kernels of the paths without a kernel of their own.
+//
+// Every type goes through one description of a block, `Fields`: its 32
+// quanta as unsigned values (q8_0: its signed bytes as stored), its f16
+// scale and min (K-quants: the super-block's d and dmin), and the K-quants'
+// sub-block scales and min. A codec per type turns a GGUF segment (one block,
+// or a K-quant's 256-element super-block) into fields and back, exactly; the
+// layout code places fields in a group and takes them out.
 #include "quant/interleave.h"
 
 #include <cstddef>
 #include <cstring>
-#include <type_traits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "quant/blocks.h"
 #include "quant/dot.h"
+#include "quant/interleave_layout.h"
+#include "quant/kquant_scales.h"
 #include "quant/quant.h"
 
 namespace tern::quant {
@@ -22,46 +31,150 @@ DotGroupFn group_kernel_avx512(TensorType type);
 
 namespace {
 
-// Where one block of one row lies in the GGUF bytes and in a group.
-struct Shape {
-    int words = 0;         // 4-byte words of quants per block and row
-    size_t qs_at = 0;      // offset of the quants in a GGUF block
-    size_t qh_at = 0;      // q5_0, q5_1: offset of the 32 high bits (0: none)
-    bool has_min = false;  // q4_1, q5_1: the f16 min follows the f16 scale
-    bool bias = false;     // q8_0: bytes stored plus 128
-    size_t block = 0;      // GGUF block bytes
+using detail::GroupRegions;
+using detail::LayoutKind;
+
+static_assert(kGroupRows == detail::kLayoutRows);
+
+struct Fields {
+    uint8_t q[32] = {};
+    uint16_t d = 0, m = 0;
+    int8_t sc[2] = {};  // K-quants: the block's scale (q6_K: one per 16 elements)
+    uint8_t mn = 0;     // q4_K, q5_K: the block's min
 };
 
-bool shape_of(TensorType type, Shape& s) {
-    switch (type) {
-        case TensorType::Q4_0: s = {4, offsetof(block_q4_0, qs), 0, false, false, sizeof(block_q4_0)}; return true;
-        case TensorType::Q4_1: s = {4, offsetof(block_q4_1, qs), 0, true, false, sizeof(block_q4_1)}; return true;
-        case TensorType::Q5_0:
-            s = {4, offsetof(block_q5_0, qs), offsetof(block_q5_0, qh), false, false, sizeof(block_q5_0)};
-            return true;
-        case TensorType::Q5_1:
-            s = {4, offsetof(block_q5_1, qs), offsetof(block_q5_1, qh), true, false, sizeof(block_q5_1)};
-            return true;
-        case TensorType::Q8_0: s = {8, offsetof(block_q8_0, qs), 0, false, true, sizeof(block_q8_0)}; return true;
-        default: return false;
+// ---- codecs: GGUF segment <-> fields of its blocks ---------------------------
+
+uint16_t u16(const uint8_t* p) {
+    uint16_t v;
+    std::memcpy(&v, p, 2);
+    return v;
+}
+void put16(uint8_t* p, uint16_t v) { std::memcpy(p, &v, 2); }
+
+// Blocks of 32 elements: d, [m], [qh], qs (q4_0, q4_1, q5_0, q5_1, q8_0).
+template <TensorType kType>
+struct Legacy {
+    static constexpr bool kMin = kType == TensorType::Q4_1 || kType == TensorType::Q5_1;
+    static constexpr bool kHigh = kType == TensorType::Q5_0 || kType == TensorType::Q5_1;
+    static constexpr size_t kQh = kMin ? 4 : 2;  // after d (and m)
+    static constexpr size_t kQs = kQh + (kHigh ? 4 : 0);
+    static constexpr size_t kBytes = kType == TensorType::Q8_0 ? 34 : kQs + 16;
+    static constexpr int kBlocks = 1;
+
+    static void decode(const uint8_t* seg, Fields* f) {
+        f->d = u16(seg);
+        if (kMin) f->m = u16(seg + 2);
+        if constexpr (kType == TensorType::Q8_0) {
+            std::memcpy(f->q, seg + 2, 32);
+            return;
+        }
+        uint32_t qh = 0;
+        if (kHigh) std::memcpy(&qh, seg + kQh, 4);
+        for (int i = 0; i < 16; ++i) {
+            f->q[i] = uint8_t((seg[kQs + i] & 0xF) | ((qh >> i) & 1) << 4);
+            f->q[16 + i] = uint8_t((seg[kQs + i] >> 4) | ((qh >> (16 + i)) & 1) << 4);
+        }
     }
-}
+    static void encode(const Fields* f, uint8_t* seg) {
+        put16(seg, f->d);
+        if (kMin) put16(seg + 2, f->m);
+        if constexpr (kType == TensorType::Q8_0) {
+            std::memcpy(seg + 2, f->q, 32);
+            return;
+        }
+        uint32_t qh = 0;
+        for (int i = 0; i < 16; ++i) {
+            seg[kQs + i] = uint8_t((f->q[i] & 0xF) | (f->q[16 + i] & 0xF) << 4);
+            qh |= uint32_t((f->q[i] >> 4) & 1) << i | uint32_t((f->q[16 + i] >> 4) & 1) << (16 + i);
+        }
+        if (kHigh) std::memcpy(seg + kQh, &qh, 4);
+    }
+};
 
-size_t unit_bytes(const Shape& s) { return size_t(s.words) * 4 * kGroupRows; }
+// q4_K and q5_K: d, dmin, 12 bytes of 6-bit scales and mins, [qh], qs.
+template <bool kHigh>
+struct K4 {
+    using Block = std::conditional_t<kHigh, block_q5_K, block_q4_K>;
+    static constexpr size_t kBytes = sizeof(Block);
+    static constexpr int kBlocks = 8;
 
-// The high bits of a q5 block, rearranged so that a kernel's step s (elements
-// 4s..4s+3, interleave.h) finds the bits of its four bytes as bit s of bytes
-// 0..3: byte c, bit s holds element 4s + c's bit.
-uint32_t spread_high_bits(uint32_t qh) {
-    uint32_t out = 0;
-    for (int e = 0; e < 32; ++e) out |= ((qh >> e) & 1u) << ((e % 4) * 8 + e / 4);
-    return out;
-}
-uint32_t gather_high_bits(uint32_t spread) {
-    uint32_t qh = 0;
-    for (int e = 0; e < 32; ++e) qh |= ((spread >> ((e % 4) * 8 + e / 4)) & 1u) << e;
-    return qh;
-}
+    static void decode(const uint8_t* seg, Fields* f) {
+        Block w;
+        std::memcpy(&w, seg, sizeof w);
+        for (int j = 0; j < 8; ++j) {
+            uint8_t sc, mn;
+            unpack_scale_min_k4(j, w.scales, &sc, &mn);
+            f[j].d = w.d;
+            f[j].m = w.dmin;
+            f[j].sc[0] = int8_t(sc);
+            f[j].mn = mn;
+            for (int l = 0; l < 32; ++l) {
+                int q = (w.qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0xF;
+                if constexpr (kHigh) q |= ((w.qh[l] >> j) & 1) << 4;
+                f[j].q[l] = uint8_t(q);
+            }
+        }
+    }
+    static void encode(const Fields* f, uint8_t* seg) {
+        Block w{};
+        w.d = f[0].d;
+        w.dmin = f[0].m;
+        uint8_t ls[8], lm[8];
+        for (int j = 0; j < 8; ++j) {
+            ls[j] = uint8_t(f[j].sc[0]);
+            lm[j] = f[j].mn;
+            for (int l = 0; l < 32; ++l) {
+                w.qs[32 * (j / 2) + l] = uint8_t(w.qs[32 * (j / 2) + l] | (f[j].q[l] & 0xF) << (4 * (j % 2)));
+                if constexpr (kHigh) w.qh[l] = uint8_t(w.qh[l] | ((f[j].q[l] >> 4) & 1) << j);
+            }
+        }
+        pack_scales_mins_k4(ls, lm, w.scales);
+        std::memcpy(seg, &w, sizeof w);
+    }
+};
+
+// q6_K: ql, qh, 16 int8 scales, d.
+struct K6 {
+    static constexpr size_t kBytes = sizeof(block_q6_K);
+    static constexpr int kBlocks = 8;
+
+    // Element l of block j: low nibble at ql[64h + 32(quarter & 1) + l]
+    // (high nibble for quarters 2 and 3), two high bits at qh[32h + l].
+    static void decode(const uint8_t* seg, Fields* f) {
+        block_q6_K w;
+        std::memcpy(&w, seg, sizeof w);
+        for (int j = 0; j < 8; ++j) {
+            const int h = j / 4, quarter = j % 4;
+            const uint8_t* ql = w.ql + 64 * h + 32 * (quarter & 1);
+            f[j].d = w.d;
+            f[j].sc[0] = w.scales[2 * j];
+            f[j].sc[1] = w.scales[2 * j + 1];
+            for (int l = 0; l < 32; ++l) {
+                const int low = quarter < 2 ? (ql[l] & 0xF) : (ql[l] >> 4);
+                const int high = (w.qh[32 * h + l] >> (2 * quarter)) & 3;
+                f[j].q[l] = uint8_t(low | high << 4);
+            }
+        }
+    }
+    static void encode(const Fields* f, uint8_t* seg) {
+        block_q6_K w{};
+        w.d = f[0].d;
+        for (int j = 0; j < 8; ++j) {
+            const int h = j / 4, quarter = j % 4;
+            uint8_t* ql = w.ql + 64 * h + 32 * (quarter & 1);
+            w.scales[2 * j] = f[j].sc[0];
+            w.scales[2 * j + 1] = f[j].sc[1];
+            for (int l = 0; l < 32; ++l) {
+                ql[l] = uint8_t(ql[l] | (f[j].q[l] & 0xF) << (quarter < 2 ? 0 : 4));
+                w.qh[32 * h + l] = uint8_t(w.qh[32 * h + l] | ((f[j].q[l] >> 4) & 3) << (2 * quarter));
+            }
+        }
+        std::memcpy(seg, &w, sizeof w);
+    }
+};
+
+// ---- the layout: fields <-> a row of a group ---------------------------------
 
 // The place of block b among a group's nb units: lane by lane (b % 8), in
 // order of b within a lane.
@@ -72,63 +185,131 @@ int64_t unit_of(int64_t nb, int64_t b) {
     return before + b / 8;
 }
 
-// Offsets within a group of nb blocks: quants, high bits, scales, mins.
-struct Regions {
-    size_t qh = 0, d = 0, m = 0, end = 0;
-};
-Regions regions_of(const Shape& s, int64_t nb) {
-    Regions g;
-    g.qh = size_t(nb) * unit_bytes(s);
-    g.d = g.qh + (s.qh_at ? size_t(nb) * 4 * kGroupRows : 0);
-    g.m = g.d + size_t(nb) * 2 * kGroupRows;
-    g.end = s.has_min ? g.m + size_t(nb) * 2 * kGroupRows : g.m;
-    return g;
+// High bits of one block, rearranged for the kernels, whose step s takes
+// elements 4s..4s+3 (byte c: element 4s + c). q5 types, one word: byte c,
+// bit s holds bit 4 of element 4s + c (s = 0..7). q6_K, two words: word h,
+// byte c, bits 2s'..2s'+1 hold bits 4..5 of element 16h + 4s' + c (s' = 0..3).
+void spread_high(const LayoutKind& k, const uint8_t* q, uint32_t* words) {
+    words[0] = words[1] = 0;
+    for (int e = 0; e < 32; ++e) {
+        const int s = e / 4, c = e % 4;
+        if (k.high_words == 1)
+            words[0] |= uint32_t((q[e] >> 4) & 1) << (8 * c + s);
+        else
+            words[s / 4] |= uint32_t((q[e] >> 4) & 3) << (8 * c + 2 * (s % 4));
+    }
 }
-
-size_t group_bytes(const Shape& s, int64_t nb) { return (regions_of(s, nb).end + 63) / 64 * 64; }
-
-// Copies row r (0..15) of a group to (kToGroup) or from its GGUF blocks.
-template <bool kToGroup>
-void move_row(const Shape& s, int64_t nb, std::conditional_t<kToGroup, uint8_t*, const uint8_t*> group, int r,
-              std::conditional_t<kToGroup, const uint8_t*, uint8_t*> row) {
-    const Regions g = regions_of(s, nb);
-    auto move = [&](size_t g_at, size_t row_at, size_t n, uint8_t flip) {
-        for (size_t i = 0; i < n; ++i) {
-            if constexpr (kToGroup)
-                group[g_at + i] = uint8_t(row[row_at + i] ^ flip);
-            else
-                row[row_at + i] = uint8_t(group[g_at + i] ^ flip);
-        }
-    };
-    for (int64_t b = 0; b < nb; ++b) {
-        const size_t u = size_t(unit_of(nb, b));
-        const size_t blk = size_t(b) * s.block;
-        move(g.d + u * 2 * kGroupRows + size_t(r) * 2, blk, 2, 0);
-        if (s.has_min) move(g.m + u * 2 * kGroupRows + size_t(r) * 2, blk + 2, 2, 0);
-        for (int w = 0; w < s.words; ++w)
-            move(u * unit_bytes(s) + size_t(w) * 4 * kGroupRows + size_t(r) * 4, blk + s.qs_at + size_t(w) * 4, 4,
-                 s.bias ? 0x80 : 0);
-        if (s.qh_at) {
-            const size_t at = g.qh + u * 4 * kGroupRows + size_t(r) * 4;
-            uint32_t bits;
-            if constexpr (kToGroup) {
-                std::memcpy(&bits, row + blk + s.qh_at, 4);
-                bits = spread_high_bits(bits);
-                std::memcpy(group + at, &bits, 4);
-            } else {
-                std::memcpy(&bits, group + at, 4);
-                bits = gather_high_bits(bits);
-                std::memcpy(row + blk + s.qh_at, &bits, 4);
-            }
-        }
+void gather_high(const LayoutKind& k, const uint32_t* words, uint8_t* q) {
+    for (int e = 0; e < 32; ++e) {
+        const int s = e / 4, c = e % 4;
+        const uint32_t bits = k.high_words == 1 ? (words[0] >> (8 * c + s)) & 1 : (words[s / 4] >> (8 * c + 2 * (s % 4))) & 3;
+        q[e] = uint8_t(q[e] | bits << 4);
     }
 }
 
-Status check(TensorType type, int64_t cols, Shape& s, const char* what) {
-    if (!shape_of(type, s))
+// A group's regions and the unit of each block, worked out once per call.
+struct Place {
+    LayoutKind k;
+    int64_t nb = 0;
+    GroupRegions g;
+    std::vector<int64_t> unit;
+
+    Place(const LayoutKind& kind, int64_t n_blocks)
+        : k(kind), nb(n_blocks), g(detail::group_regions(kind, n_blocks)), unit(size_t(n_blocks)) {
+        for (int64_t b = 0; b < nb; ++b) unit[size_t(b)] = unit_of(nb, b);
+    }
+};
+
+// Copies block b of row r (0..15) between its fields and the group.
+template <bool kToGroup>
+void move_block(const Place& p, std::conditional_t<kToGroup, uint8_t*, const uint8_t*> group, int r, int64_t b,
+                std::conditional_t<kToGroup, const Fields&, Fields&> f) {
+    const LayoutKind& k = p.k;
+    const size_t u = size_t(p.unit[size_t(b)]), rows = kGroupRows;
+    const size_t scale_unit = k.k_quant ? size_t(b / 8) : u;
+    auto bytes = [&](size_t at, auto* field, size_t n) {
+        if constexpr (kToGroup)
+            std::memcpy(group + at, field, n);
+        else
+            std::memcpy(field, group + at, n);
+    };
+    // Quanta: q8_0's bytes plus 128; else the low nibbles of elements i and 16 + i in byte i.
+    uint8_t qs[32];
+    if constexpr (kToGroup) {
+        if (k.words == 8)
+            for (int i = 0; i < 32; ++i) qs[i] = uint8_t(f.q[i] ^ 0x80);
+        else
+            for (int i = 0; i < 16; ++i) qs[i] = uint8_t((f.q[i] & 0xF) | (f.q[16 + i] & 0xF) << 4);
+    }
+    for (int w = 0; w < k.words; ++w) bytes((u * size_t(k.words) + size_t(w)) * 4 * rows + size_t(r) * 4, qs + 4 * w, 4);
+    if constexpr (!kToGroup) {
+        if (k.words == 8) {
+            for (int i = 0; i < 32; ++i) f.q[i] = uint8_t(qs[i] ^ 0x80);
+        } else {
+            for (int i = 0; i < 16; ++i) {
+                f.q[i] = qs[i] & 0xF;
+                f.q[16 + i] = qs[i] >> 4;
+            }
+        }
+    }
+    if (k.high_words) {
+        uint32_t words[2];
+        if constexpr (kToGroup) spread_high(k, f.q, words);
+        for (int h = 0; h < k.high_words; ++h)
+            bytes(p.g.qh + (u * size_t(k.high_words) + size_t(h)) * 4 * rows + size_t(r) * 4, &words[h], 4);
+        if constexpr (!kToGroup) gather_high(k, words, f.q);
+    }
+    bytes(p.g.d + scale_unit * 2 * rows + size_t(r) * 2, &f.d, 2);
+    if (k.has_min) bytes(p.g.m + scale_unit * 2 * rows + size_t(r) * 2, &f.m, 2);
+    for (int i = 0; i < k.scales; ++i) bytes(p.g.sc + (u * size_t(k.scales) + size_t(i)) * rows + size_t(r), &f.sc[i], 1);
+    if (k.k_quant && k.has_min) bytes(p.g.mn + u * rows + size_t(r), &f.mn, 1);
+}
+
+// Row r of a group to and from its GGUF bytes, a segment at a time.
+template <class Codec>
+struct Rows {
+    static void write(const Place& p, uint8_t* group, int r, const uint8_t* row) {
+        Fields f[Codec::kBlocks];
+        for (int64_t b0 = 0; b0 < p.nb; b0 += Codec::kBlocks) {
+            Codec::decode(row + size_t(b0 / Codec::kBlocks) * Codec::kBytes, f);
+            for (int j = 0; j < Codec::kBlocks; ++j) move_block<true>(p, group, r, b0 + j, f[j]);
+        }
+    }
+    static void read(const Place& p, const uint8_t* group, int r, uint8_t* row) {
+        Fields f[Codec::kBlocks];
+        for (int64_t b0 = 0; b0 < p.nb; b0 += Codec::kBlocks) {
+            for (int j = 0; j < Codec::kBlocks; ++j) move_block<false>(p, group, r, b0 + j, f[j]);
+            Codec::encode(f, row + size_t(b0 / Codec::kBlocks) * Codec::kBytes);
+        }
+    }
+};
+
+template <class Fn>
+bool with_rows(TensorType type, Fn&& fn) {
+    switch (type) {
+        case TensorType::Q4_0: fn(Rows<Legacy<TensorType::Q4_0>>{}); return true;
+        case TensorType::Q4_1: fn(Rows<Legacy<TensorType::Q4_1>>{}); return true;
+        case TensorType::Q5_0: fn(Rows<Legacy<TensorType::Q5_0>>{}); return true;
+        case TensorType::Q5_1: fn(Rows<Legacy<TensorType::Q5_1>>{}); return true;
+        case TensorType::Q8_0: fn(Rows<Legacy<TensorType::Q8_0>>{}); return true;
+        case TensorType::Q4_K: fn(Rows<K4<false>>{}); return true;
+        case TensorType::Q5_K: fn(Rows<K4<true>>{}); return true;
+        case TensorType::Q6_K: fn(Rows<K6>{}); return true;
+        default: return false;
+    }
+}
+
+void read_row(TensorType type, const Place& p, const uint8_t* group, int r, uint8_t* row) {
+    with_rows(type, [&](auto rows) { rows.read(p, group, r, row); });
+}
+
+Status check(TensorType type, int64_t cols, LayoutKind& k, const char* what) {
+    if (!detail::layout_kind(type, k))
         return Error{std::string(what) + ": no interleaved layout for " + tensor_type_name(uint32_t(type))};
-    if (cols < 32 || cols % 32 != 0)
-        return Error{std::string(what) + ": " + std::to_string(cols) + " columns are not a whole number of blocks"};
+    const int64_t block = k.k_quant ? 256 : 32;
+    if (cols < block || cols % block != 0)
+        return Error{std::string(what) + ": " + std::to_string(cols) + " columns are not a whole number of " +
+                     std::to_string(block) + "-element blocks"};
     return {};
 }
 
@@ -137,14 +318,14 @@ Status check(TensorType type, int64_t cols, Shape& s, const char* what) {
 template <TensorType kType, SimdPath kPath>
 void dot_group_by_rows(const void* group, const block_q8a* a, int n_tokens, int64_t k, float* out, int64_t out_stride,
                        int n_rows) {
-    Shape s;
-    shape_of(kType, s);
     const int64_t nb = k / 32;
-    thread_local std::vector<uint8_t> row;
-    row.resize(size_t(nb) * s.block);
+    LayoutKind kind;
+    detail::layout_kind(kType, kind);
+    const Place place(kind, nb);
+    std::vector<uint8_t> row(row_bytes(kType, k));
     const DotRowFn dot = dot_row_kernel(kType, kPath);
     for (int r = 0; r < n_rows; ++r) {
-        move_row<false>(s, nb, static_cast<const uint8_t*>(group), r, row.data());
+        read_row(kType, place, static_cast<const uint8_t*>(group), r, row.data());
         for (int t = 0; t < n_tokens; ++t) out[t * out_stride + r] = dot(row.data(), a + t * nb, k);
     }
 }
@@ -157,6 +338,9 @@ DotGroupFn by_rows(TensorType type) {
         case TensorType::Q5_0: return dot_group_by_rows<TensorType::Q5_0, kPath>;
         case TensorType::Q5_1: return dot_group_by_rows<TensorType::Q5_1, kPath>;
         case TensorType::Q8_0: return dot_group_by_rows<TensorType::Q8_0, kPath>;
+        case TensorType::Q4_K: return dot_group_by_rows<TensorType::Q4_K, kPath>;
+        case TensorType::Q5_K: return dot_group_by_rows<TensorType::Q5_K, kPath>;
+        case TensorType::Q6_K: return dot_group_by_rows<TensorType::Q6_K, kPath>;
         default: return nullptr;
     }
 }
@@ -164,14 +348,14 @@ DotGroupFn by_rows(TensorType type) {
 }  // namespace
 
 bool interleaved_type(TensorType type) {
-    Shape s;
-    return shape_of(type, s);
+    LayoutKind k;
+    return detail::layout_kind(type, k);
 }
 
 size_t interleaved_group_bytes(TensorType type, int64_t cols) {
-    Shape s;
-    if (!check(type, cols, s, "").ok()) return 0;
-    return group_bytes(s, cols / 32);
+    LayoutKind k;
+    if (!check(type, cols, k, "").ok()) return 0;
+    return detail::group_bytes_of(k, cols / 32);
 }
 
 size_t interleaved_bytes(TensorType type, int64_t rows, int64_t cols) {
@@ -180,34 +364,37 @@ size_t interleaved_bytes(TensorType type, int64_t rows, int64_t cols) {
 }
 
 Status interleave_rows(TensorType type, const void* src, size_t src_stride, int64_t rows, int64_t cols, void* dst) {
-    Shape s;
-    if (Status st = check(type, cols, s, "interleave_rows"); !st.ok()) return st;
+    LayoutKind k;
+    if (Status st = check(type, cols, k, "interleave_rows"); !st.ok()) return st;
     if (rows < 1 || !src || !dst) return Error{"interleave_rows: no rows or no data"};
-    const int64_t nb = cols / 32;
-    if (src_stride < size_t(nb) * s.block)
+    const size_t rb = row_bytes(type, cols);
+    if (src_stride < rb)
         return Error{"interleave_rows: row stride " + std::to_string(src_stride) + " is below the row size"};
-    const size_t gb = group_bytes(s, nb);
+    const int64_t nb = cols / 32;
+    const size_t gb = detail::group_bytes_of(k, nb);
+    const Place place(k, nb);
     auto* out = static_cast<uint8_t*>(dst);
     const auto* in = static_cast<const uint8_t*>(src);
-    std::vector<uint8_t> zero_row(size_t(nb) * s.block, 0);
+    const std::vector<uint8_t> zero_row(rb, 0);
     for (int64_t g = 0; g * kGroupRows < rows; ++g) {
         uint8_t* group = out + size_t(g) * gb;
         std::memset(group, 0, gb);
         for (int r = 0; r < kGroupRows; ++r) {
             const int64_t row = g * kGroupRows + r;
-            move_row<true>(s, nb, group, r, row < rows ? in + size_t(row) * src_stride : zero_row.data());
+            const uint8_t* from = row < rows ? in + size_t(row) * src_stride : zero_row.data();
+            with_rows(type, [&](auto rows) { rows.write(place, group, r, from); });
         }
     }
     return {};
 }
 
 Status deinterleave_row(TensorType type, const void* src, int64_t cols, int64_t r, void* row) {
-    Shape s;
-    if (Status st = check(type, cols, s, "deinterleave_row"); !st.ok()) return st;
+    LayoutKind k;
+    if (Status st = check(type, cols, k, "deinterleave_row"); !st.ok()) return st;
     if (r < 0 || !src || !row) return Error{"deinterleave_row: bad row or no data"};
     const int64_t nb = cols / 32;
-    const auto* group = static_cast<const uint8_t*>(src) + size_t(r / kGroupRows) * group_bytes(s, nb);
-    move_row<false>(s, nb, group, int(r % kGroupRows), static_cast<uint8_t*>(row));
+    const auto* group = static_cast<const uint8_t*>(src) + size_t(r / kGroupRows) * detail::group_bytes_of(k, nb);
+    read_row(type, Place(k, nb), group, int(r % kGroupRows), static_cast<uint8_t*>(row));
     return {};
 }
 

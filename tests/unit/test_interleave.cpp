@@ -1,5 +1,5 @@
 // quant/interleave: the CPU's registration layout of sixteen interleaved rows
-// (q4_0, q4_1, q5_0, q5_1, q8_0). Checked: every row reads back to its GGUF bytes and the
+// (q4_0, q4_1, q5_0, q5_1, q8_0, q4_K, q5_K, q6_K). Checked: every row reads back to its GGUF bytes and the
 // padding rows read back as zero blocks; every path's group kernel gives every (row, token)
 // the scalar row kernel's bits on the GGUF row, for 1..8 tokens, ragged rows
 // (every tail of 1..7 blocks, rows of fewer than eight blocks), groups of
@@ -31,7 +31,7 @@ using backend::Weight;
 using backend::WeightLayout;
 
 const TensorType kTypes[] = {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q5_0, TensorType::Q5_1,
-                             TensorType::Q8_0};
+                             TensorType::Q8_0, TensorType::Q4_K, TensorType::Q5_K, TensorType::Q6_K};
 
 // 64-byte aligned bytes, as the backend's arena gives them.
 struct Aligned {
@@ -57,7 +57,8 @@ std::vector<uint8_t> gguf_rows(std::mt19937& rng, TensorType t, int64_t rows, in
     return out;
 }
 
-std::vector<int64_t> lengths() {
+std::vector<int64_t> lengths(TensorType t) {
+    if (is_k_type(t)) return {256, 512, 768, 2816, 4096};
     // Rows shorter than eight blocks (lanes without a block), every tail of
     // 1..7 blocks after whole groups of eight, and the real models' widths.
     return {32, 32 * 3, 32 * 7, 32 * 8, 32 * 9, 32 * 11, 32 * 13, 32 * 15, 32 * 18, 32 * 20, 32 * 48, 4096};
@@ -67,7 +68,7 @@ TEST(Interleave, EveryRowReadsBackAndPaddingIsZero) {
     std::mt19937 rng(seed() + 60);
     SCOPED_TRACE("seed " + std::to_string(seed()));
     for (TensorType t : kTypes) {
-        for (int64_t cols : {int64_t(32), int64_t(32 * 9), int64_t(576)}) {
+        for (int64_t cols : is_k_type(t) ? std::vector<int64_t>{256, 768} : std::vector<int64_t>{32, 32 * 9, 576}) {
             for (int64_t rows : {1, 5, 16, 17, 40}) {
                 SCOPED_TRACE(name(t) + " " + std::to_string(rows) + " x " + std::to_string(cols));
                 const size_t rb = row_bytes(t, cols), stride = rb + 2 * (rng() % 4);
@@ -94,7 +95,7 @@ TEST(Interleave, GroupKernelsGiveTheRowKernelsBits) {
     std::mt19937 rng(seed() + 61);
     SCOPED_TRACE("seed " + std::to_string(seed()));
     for (TensorType t : kTypes) {
-        for (int64_t k : lengths()) {
+        for (int64_t k : lengths(t)) {
             for (const bool arbitrary : {false, true}) {
                 SCOPED_TRACE(name(t) + " k=" + std::to_string(k) + (arbitrary ? " arbitrary bytes" : ""));
                 const int64_t rows = 1 + int64_t(rng() % 16);
@@ -170,7 +171,7 @@ TEST(Interleave, MatmulGivesTheGgufRowsBits) {
     std::mt19937 rng(seed() + 62);
     SCOPED_TRACE("seed " + std::to_string(seed()));
     for (TensorType t : kTypes) {
-        for (auto [rows, cols] : {std::pair<int64_t, int64_t>{67, 576}, {32, 320}, {5, 4096}}) {
+        for (auto [rows, cols] : {std::pair<int64_t, int64_t>{67, is_k_type(t) ? 768 : 576}, {32, 256}, {5, 4096}}) {
             const Pair p = make_both(rng, t, rows, cols);
             for (int64_t n : {1, 3, 8, 17, 64}) {
                 const std::vector<float> x = random_acts(rng, n * cols);
@@ -207,18 +208,19 @@ TEST(Interleave, OneTokenSharedLoopMixesLayouts) {
 TEST(Interleave, BadArgumentsAreErrors) {
     uint8_t buf[64] = {};
     Aligned dst(4096);
-    EXPECT_EQ(interleaved_group_bytes(TensorType::Q4_K, 256), 0u);
+    EXPECT_EQ(interleaved_group_bytes(TensorType::Q2_K, 256), 0u);
     EXPECT_EQ(interleaved_group_bytes(TensorType::Q4_0, 48), 0u);
-    EXPECT_FALSE(interleave_rows(TensorType::Q6_K, buf, 210, 1, 256, dst.get()).ok());
+    EXPECT_EQ(interleaved_group_bytes(TensorType::Q4_K, 288), 0u);  // not whole super-blocks
+    EXPECT_FALSE(interleave_rows(TensorType::Q3_K, buf, 110, 1, 256, dst.get()).ok());
     EXPECT_FALSE(interleave_rows(TensorType::Q4_0, buf, 18, 1, 40, dst.get()).ok());
     EXPECT_FALSE(interleave_rows(TensorType::Q4_0, buf, 10, 1, 32, dst.get()).ok());  // stride below the row
     EXPECT_FALSE(deinterleave_row(TensorType::Q4_0, dst.get(), 32, -1, buf).ok());
-    EXPECT_EQ(dot_group_kernel(TensorType::Q4_K, SimdPath::scalar), nullptr);
+    EXPECT_EQ(dot_group_kernel(TensorType::Q2_K, SimdPath::scalar), nullptr);
 
     // A matmul over a weight marked interleaved whose type has no such layout.
     Weight w;
     w.name = std::string("w");
-    w.type = TensorType::Q4_K;
+    w.type = TensorType::Q3_K;
     w.rows = 16;
     w.cols = 256;
     w.host = dst.get();

@@ -1,0 +1,64 @@
+// Where each part of an interleaved group lies (interleave.h), for the code
+// that writes groups and the kernels that read them. `static inline`: the
+// kernel files are compiled with their own instruction-set flags
+// (dot_internal.h says why that matters).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "gguf/tensor_type.h"
+
+namespace tern::quant::detail {
+
+constexpr int kLayoutRows = 16;
+
+// What a type keeps per block (32 elements) of each row.
+struct LayoutKind {
+    int words = 0;         // 4-byte words of quants: 4 (nibbles) or 8 (q8_0's bytes)
+    int high_words = 0;    // words of high bits: 1 (q5 types: the fifth bit), 2 (q6_K: two bits)
+    bool k_quant = false;  // d (and dmin) per 256-element super-block, sub-block scales per block
+    bool has_min = false;  // q4_1, q5_1: a min per block; q4_K, q5_K: dmin and a min per block
+    int scales = 0;        // K-quants: sub-block scales per block (q4_K, q5_K: 1; q6_K: 2)
+};
+
+static constexpr bool layout_kind(TensorType type, LayoutKind& k) {
+    switch (type) {
+        case TensorType::Q4_0: k = {4, 0, false, false, 0}; return true;
+        case TensorType::Q4_1: k = {4, 0, false, true, 0}; return true;
+        case TensorType::Q5_0: k = {4, 1, false, false, 0}; return true;
+        case TensorType::Q5_1: k = {4, 1, false, true, 0}; return true;
+        case TensorType::Q8_0: k = {8, 0, false, false, 0}; return true;
+        case TensorType::Q4_K: k = {4, 0, true, true, 1}; return true;
+        case TensorType::Q5_K: k = {4, 1, true, true, 1}; return true;
+        case TensorType::Q6_K: k = {4, 2, true, false, 2}; return true;
+        default: return false;
+    }
+}
+
+// Byte offsets within a group of nb blocks (nb a multiple of 8 for K-quants).
+struct GroupRegions {
+    size_t qh = 0;   // high bits: nb units of high_words * 64 bytes
+    size_t d = 0;    // f16 scales: per block (nb units of 32 bytes), or per super-block (nb / 8)
+    size_t m = 0;    // f16 mins (or dmin), laid out as d
+    size_t sc = 0;   // K-quants: nb units of scales * 16 bytes (int8; q6_K: 16 rows' first half, then second)
+    size_t mn = 0;   // q4_K, q5_K: nb units of 16 bytes (the 6-bit mins)
+    size_t end = 0;  // bytes used; the group takes them rounded up to 64
+};
+
+static inline GroupRegions group_regions(const LayoutKind& k, int64_t nb) {
+    const size_t n = size_t(nb), rows = kLayoutRows;
+    const size_t halves = k.k_quant ? n / 8 : n;  // units of d and m
+    GroupRegions g;
+    g.qh = n * size_t(k.words) * 4 * rows;
+    g.d = g.qh + n * size_t(k.high_words) * 4 * rows;
+    g.m = g.d + halves * 2 * rows;
+    g.sc = g.m + (k.has_min ? halves * 2 * rows : 0);
+    g.mn = g.sc + n * size_t(k.scales) * rows;
+    g.end = g.mn + (k.k_quant && k.has_min ? n * rows : 0);
+    return g;
+}
+
+static inline size_t group_bytes_of(const LayoutKind& k, int64_t nb) { return (group_regions(k, nb).end + 63) / 64 * 64; }
+
+}  // namespace tern::quant::detail
