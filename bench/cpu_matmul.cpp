@@ -1,7 +1,8 @@
 // CPU matmul throughput (Google Benchmark): tokens/s and GB/s of weight bytes
 // read, per (weight type, SIMD path, shape, tokens per call, threads). Shapes:
 // 4096 x 4096 (a 7B-class projection), 576 x 1536 and 1536 x 576 (the FFN down and gate/up projections
-// of a 135M model). One-token calls are bandwidth-bound, so GB/s against the
+// of a 135M model), 640 x 2048 (Gemma 3 270M's FFN down). Types with the CPU backend's
+// interleaved layout run in it too (names "q4_Kx16/..."), as the backend registers them on AVX-512. One-token calls are bandwidth-bound, so GB/s against the
 // machine's bandwidth is the number to quote; many-token calls (prefill) are
 // compute-bound, so tokens/s is.
 // Built by bench/CMakeLists.txt when Google Benchmark is installed:
@@ -15,6 +16,8 @@
 #include <vector>
 
 #include "backend/cpu/matmul.h"
+#include "backend/cpu/weight_arena.h"
+#include "quant/interleave.h"
 #include "quant/quant.h"
 
 namespace {
@@ -44,7 +47,7 @@ std::vector<uint8_t> make_weights(TensorType t, Shape shape) {
 }
 
 void bm_matmul(benchmark::State& state, TensorType t, quant::SimdPath path, Shape shape, int64_t n_tokens,
-               int threads) {
+               int threads, bool interleaved) {
     const int64_t rows = shape.rows, cols = shape.cols;
     if (!quant::simd_path_available(path)) {
         state.SkipWithError("path not available on this CPU");
@@ -56,8 +59,25 @@ void bm_matmul(benchmark::State& state, TensorType t, quant::SimdPath path, Shap
     w.type = t;
     w.rows = rows;
     w.cols = cols;
-    w.host = bytes.data();
     w.row_bytes = quant::row_bytes(t, cols);
+    // Where the CPU backend keeps weights: huge pages (backend/cpu/weight_arena.h),
+    // as GGUF rows or in its registration layout (quant/interleave.h).
+    backend::cpu::WeightArena arena(size_t(1) << 34);
+    if (interleaved) {
+        auto* at = static_cast<uint8_t*>(arena.reserve(quant::interleaved_bytes(t, rows, cols)));
+        if (!at || !quant::interleave_rows(t, bytes.data(), w.row_bytes, rows, cols, at).ok()) {
+            state.SkipWithError("no interleaved layout for this shape, or no memory");
+            return;
+        }
+        w.host = at;
+        w.layout = backend::WeightLayout::interleaved16;
+    } else {
+        w.host = arena.copy(bytes.data(), bytes.size());
+        if (!w.host) {
+            state.SkipWithError("no memory for the weights");
+            return;
+        }
+    }
     std::mt19937 rng(99);
     std::normal_distribution<float> normal(0.0f, 1.0f);
     std::vector<float> x(size_t(n_tokens * cols)), out(size_t(n_tokens * rows));
@@ -86,22 +106,26 @@ const int kRegistered = [] {
                                 TensorType::Q5_K, TensorType::Q6_K, TensorType::Q3_K, TensorType::Q2_K,
                                 TensorType::Q5_0, TensorType::Q5_1, TensorType::F16};
     const quant::SimdPath paths[] = {quant::SimdPath::scalar, quant::SimdPath::avx2, quant::SimdPath::avx512};
-    const Shape shapes[] = {{4096, 4096}, {576, 1536}, {1536, 576}};
+    const Shape shapes[] = {{4096, 4096}, {576, 1536}, {1536, 576}, {640, 2048}, {262144, 640}};
     for (TensorType t : types)
         for (quant::SimdPath p : paths)
             for (Shape shape : shapes)
                 for (int64_t n : {1, 8, 64, 512})
-                    for (int threads : {1, 2}) {
-                        const std::string name = tensor_type_name(uint32_t(t)) + "/" + quant::simd_path_name(p) +
-                                                 "/" + std::to_string(shape.rows) + "x" +
-                                                 std::to_string(shape.cols) + "/t" + std::to_string(n) + "/" +
-                                                 std::to_string(threads) + "thread" + (threads > 1 ? "s" : "");
-                        auto* b = benchmark::RegisterBenchmark(name.c_str(), bm_matmul, t, p, shape, n, threads);
-                        b->Unit(benchmark::kMicrosecond);
-                        // One thread: rates from this thread's CPU time, which a busy machine
-                        // disturbs least. Several: wall time.
-                        if (threads != 1) b->UseRealTime();
-                    }
+                    for (int threads : {1, 2})
+                        for (const bool interleaved : {false, true}) {
+                            if (interleaved && quant::interleaved_bytes(t, shape.rows, shape.cols) == 0) continue;
+                            const std::string name =
+                                tensor_type_name(uint32_t(t)) + (interleaved ? "x16/" : "/") +
+                                quant::simd_path_name(p) + "/" + std::to_string(shape.rows) + "x" +
+                                std::to_string(shape.cols) + "/t" + std::to_string(n) + "/" +
+                                std::to_string(threads) + "thread" + (threads > 1 ? "s" : "");
+                            auto* b = benchmark::RegisterBenchmark(name.c_str(), bm_matmul, t, p, shape, n, threads,
+                                                                   interleaved);
+                            b->Unit(benchmark::kMicrosecond);
+                            // One thread: rates from this thread's CPU time, which a busy machine
+                            // disturbs least. Several: wall time.
+                            if (threads != 1) b->UseRealTime();
+                        }
     return 0;
 }();
 

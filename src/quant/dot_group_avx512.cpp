@@ -116,13 +116,15 @@ inline __m512 half16(const uint8_t* p) {
 }
 
 template <class T, int kTokens>
-void dot_group(const void* group, const block_q8a* a, int64_t k, float* out, int64_t out_stride, int n_rows) {
+void dot_group(const void* w, int64_t n_groups, int64_t gi, const block_q8a* a, int64_t k, float* out,
+               int64_t out_stride, int n_rows) {
     constexpr LayoutKind kKind = T::kind();
     constexpr int64_t kUnit = kKind.words * 64, kHighUnit = kKind.high_words * 64;
     const int64_t nb = k / 32;
-    const GroupRegions g = group_regions(kKind, nb);
-    const auto* base = static_cast<const uint8_t*>(group);
-    const uint8_t *qh = base + g.qh, *d = base + g.d, *m = base + g.m, *sc = base + g.sc, *mn = base + g.mn;
+    const GroupPlanes p = group_planes(kKind, nb, n_groups, gi);
+    const auto* base = static_cast<const uint8_t*>(w);
+    const uint8_t *qs = base + p.qs, *qh = base + p.qh, *d = base + p.d, *m = base + p.m, *sc = base + p.sc,
+                  *mn = base + p.mn;
     const __m512i low4 = _mm512_set1_epi8(0x0F);
     __m512 lanes[kTokens][8];
     int64_t u = 0;  // units in the layout's order
@@ -130,7 +132,7 @@ void dot_group(const void* group, const block_q8a* a, int64_t k, float* out, int
         __m512 acc[kTokens];
         for (int t = 0; t < kTokens; ++t) acc[t] = _mm512_setzero_ps();
         for (int64_t b = j; b < nb; b += 8, ++u) {
-            const uint8_t* q = base + u * kUnit;
+            const uint8_t* q = qs + u * kUnit;
 #pragma GCC unroll 8
             for (int64_t off = 0; off < kUnit; off += 64) prefetch(q + off);
             __m512i step[8];
@@ -148,14 +150,12 @@ void dot_group(const void* group, const block_q8a* a, int64_t k, float* out, int
             if constexpr (kKind.high_words > 0) {
                 __m512i high[2];
                 for (int h = 0; h < kKind.high_words; ++h) {
-                    prefetch(qh + u * kHighUnit + 64 * h);
                     high[h] = _mm512_loadu_si512(qh + u * kHighUnit + 64 * h);
                 }
                 add_high_bits<kKind.high_words>(step, high);
             }
             // Scales and mins: per block, or per super-block (K-quants).
             const int64_t su = kKind.k_quant ? b / 8 : u;
-            if (!kKind.k_quant) prefetch(d + su * 32);
             const __m512 dw = half16(d + su * 32);
             __m512 mw = _mm512_setzero_ps();
             if constexpr (kKind.has_min) mw = half16(m + su * 32);
@@ -215,17 +215,19 @@ void dot_group(const void* group, const block_q8a* a, int64_t k, float* out, int
 }
 
 template <class T>
-void dot_group_tokens(const void* group, const block_q8a* a, int n_tokens, int64_t k, float* out,
-                      int64_t out_stride, int n_rows) {
+void dot_group_tokens(const void* w, int64_t rows, int64_t g, const block_q8a* a, int n_tokens, int64_t k,
+                      float* out, int64_t out_stride) {
+    const int64_t n_groups = (rows + 15) / 16;
+    const int n_rows = int(rows - 16 * g < 16 ? rows - 16 * g : 16);
     switch (n_tokens) {
-        case 1: return dot_group<T, 1>(group, a, k, out, out_stride, n_rows);
-        case 2: return dot_group<T, 2>(group, a, k, out, out_stride, n_rows);
-        case 3: return dot_group<T, 3>(group, a, k, out, out_stride, n_rows);
-        case 4: return dot_group<T, 4>(group, a, k, out, out_stride, n_rows);
-        case 5: return dot_group<T, 5>(group, a, k, out, out_stride, n_rows);
-        case 6: return dot_group<T, 6>(group, a, k, out, out_stride, n_rows);
-        case 7: return dot_group<T, 7>(group, a, k, out, out_stride, n_rows);
-        case 8: return dot_group<T, 8>(group, a, k, out, out_stride, n_rows);
+        case 1: return dot_group<T, 1>(w, n_groups, g, a, k, out, out_stride, n_rows);
+        case 2: return dot_group<T, 2>(w, n_groups, g, a, k, out, out_stride, n_rows);
+        case 3: return dot_group<T, 3>(w, n_groups, g, a, k, out, out_stride, n_rows);
+        case 4: return dot_group<T, 4>(w, n_groups, g, a, k, out, out_stride, n_rows);
+        case 5: return dot_group<T, 5>(w, n_groups, g, a, k, out, out_stride, n_rows);
+        case 6: return dot_group<T, 6>(w, n_groups, g, a, k, out, out_stride, n_rows);
+        case 7: return dot_group<T, 7>(w, n_groups, g, a, k, out, out_stride, n_rows);
+        case 8: return dot_group<T, 8>(w, n_groups, g, a, k, out, out_stride, n_rows);
         default: return;
     }
 }

@@ -207,42 +207,44 @@ void gather_high(const LayoutKind& k, const uint32_t* words, uint8_t* q) {
     }
 }
 
-// A group's regions and the unit of each block, worked out once per call.
+// A matrix's shape in the layout and the unit of each block, worked out once
+// per call.
 struct Place {
     LayoutKind k;
-    int64_t nb = 0;
-    GroupRegions g;
+    int64_t nb = 0, n_groups = 0;
     std::vector<int64_t> unit;
 
-    Place(const LayoutKind& kind, int64_t n_blocks)
-        : k(kind), nb(n_blocks), g(detail::group_regions(kind, n_blocks)), unit(size_t(n_blocks)) {
+    Place(const LayoutKind& kind, int64_t n_blocks, int64_t rows)
+        : k(kind), nb(n_blocks), n_groups((rows + kGroupRows - 1) / kGroupRows), unit(size_t(n_blocks)) {
         for (int64_t b = 0; b < nb; ++b) unit[size_t(b)] = unit_of(nb, b);
     }
+    detail::GroupPlanes planes(int64_t g) const { return detail::group_planes(k, nb, n_groups, g); }
 };
 
-// Copies block b of row r (0..15) between its fields and the group.
-template <bool kToGroup>
-void move_block(const Place& p, std::conditional_t<kToGroup, uint8_t*, const uint8_t*> group, int r, int64_t b,
-                std::conditional_t<kToGroup, const Fields&, Fields&> f) {
-    const LayoutKind& k = p.k;
-    const size_t u = size_t(p.unit[size_t(b)]), rows = kGroupRows;
-    const size_t scale_unit = k.k_quant ? size_t(b / 8) : u;
+// Copies block b of row r (0..15) of a group, whose parts lie at p in the
+// matrix w, between its fields and the layout.
+template <bool kToLayout>
+void move_block(const LayoutKind& k, const detail::GroupPlanes& p, int64_t u, int64_t b,
+                std::conditional_t<kToLayout, uint8_t*, const uint8_t*> w, int r,
+                std::conditional_t<kToLayout, const Fields&, Fields&> f) {
+    const size_t rows = kGroupRows, unit = size_t(u);
+    const size_t scale_unit = k.k_quant ? size_t(b / 8) : unit;
     auto bytes = [&](size_t at, auto* field, size_t n) {
-        if constexpr (kToGroup)
-            std::memcpy(group + at, field, n);
+        if constexpr (kToLayout)
+            std::memcpy(w + at, field, n);
         else
-            std::memcpy(field, group + at, n);
+            std::memcpy(field, w + at, n);
     };
     // Quanta: q8_0's bytes plus 128; else the low nibbles of elements i and 16 + i in byte i.
     uint8_t qs[32];
-    if constexpr (kToGroup) {
+    if constexpr (kToLayout) {
         if (k.words == 8)
             for (int i = 0; i < 32; ++i) qs[i] = uint8_t(f.q[i] ^ 0x80);
         else
             for (int i = 0; i < 16; ++i) qs[i] = uint8_t((f.q[i] & 0xF) | (f.q[16 + i] & 0xF) << 4);
     }
-    for (int w = 0; w < k.words; ++w) bytes((u * size_t(k.words) + size_t(w)) * 4 * rows + size_t(r) * 4, qs + 4 * w, 4);
-    if constexpr (!kToGroup) {
+    for (int i = 0; i < k.words; ++i) bytes(p.qs + (unit * size_t(k.words) + size_t(i)) * 4 * rows + size_t(r) * 4, qs + 4 * i, 4);
+    if constexpr (!kToLayout) {
         if (k.words == 8) {
             for (int i = 0; i < 32; ++i) f.q[i] = uint8_t(qs[i] ^ 0x80);
         } else {
@@ -254,31 +256,35 @@ void move_block(const Place& p, std::conditional_t<kToGroup, uint8_t*, const uin
     }
     if (k.high_words) {
         uint32_t words[2];
-        if constexpr (kToGroup) spread_high(k, f.q, words);
+        if constexpr (kToLayout) spread_high(k, f.q, words);
         for (int h = 0; h < k.high_words; ++h)
-            bytes(p.g.qh + (u * size_t(k.high_words) + size_t(h)) * 4 * rows + size_t(r) * 4, &words[h], 4);
-        if constexpr (!kToGroup) gather_high(k, words, f.q);
+            bytes(p.qh + (unit * size_t(k.high_words) + size_t(h)) * 4 * rows + size_t(r) * 4, &words[h], 4);
+        if constexpr (!kToLayout) gather_high(k, words, f.q);
     }
-    bytes(p.g.d + scale_unit * 2 * rows + size_t(r) * 2, &f.d, 2);
-    if (k.has_min) bytes(p.g.m + scale_unit * 2 * rows + size_t(r) * 2, &f.m, 2);
-    for (int i = 0; i < k.scales; ++i) bytes(p.g.sc + (u * size_t(k.scales) + size_t(i)) * rows + size_t(r), &f.sc[i], 1);
-    if (k.k_quant && k.has_min) bytes(p.g.mn + u * rows + size_t(r), &f.mn, 1);
+    bytes(p.d + scale_unit * 2 * rows + size_t(r) * 2, &f.d, 2);
+    if (k.has_min) bytes(p.m + scale_unit * 2 * rows + size_t(r) * 2, &f.m, 2);
+    for (int i = 0; i < k.scales; ++i) bytes(p.sc + (unit * size_t(k.scales) + size_t(i)) * rows + size_t(r), &f.sc[i], 1);
+    if (k.k_quant && k.has_min) bytes(p.mn + unit * rows + size_t(r), &f.mn, 1);
 }
 
-// Row r of a group to and from its GGUF bytes, a segment at a time.
+// Row r of group g to and from its GGUF bytes, a segment at a time.
 template <class Codec>
 struct Rows {
-    static void write(const Place& p, uint8_t* group, int r, const uint8_t* row) {
+    static void write(const Place& p, uint8_t* w, int64_t g, int r, const uint8_t* row) {
+        const detail::GroupPlanes planes = p.planes(g);
         Fields f[Codec::kBlocks];
         for (int64_t b0 = 0; b0 < p.nb; b0 += Codec::kBlocks) {
             Codec::decode(row + size_t(b0 / Codec::kBlocks) * Codec::kBytes, f);
-            for (int j = 0; j < Codec::kBlocks; ++j) move_block<true>(p, group, r, b0 + j, f[j]);
+            for (int j = 0; j < Codec::kBlocks; ++j)
+                move_block<true>(p.k, planes, p.unit[size_t(b0 + j)], b0 + j, w, r, f[j]);
         }
     }
-    static void read(const Place& p, const uint8_t* group, int r, uint8_t* row) {
+    static void read(const Place& p, const uint8_t* w, int64_t g, int r, uint8_t* row) {
+        const detail::GroupPlanes planes = p.planes(g);
         Fields f[Codec::kBlocks];
         for (int64_t b0 = 0; b0 < p.nb; b0 += Codec::kBlocks) {
-            for (int j = 0; j < Codec::kBlocks; ++j) move_block<false>(p, group, r, b0 + j, f[j]);
+            for (int j = 0; j < Codec::kBlocks; ++j)
+                move_block<false>(p.k, planes, p.unit[size_t(b0 + j)], b0 + j, w, r, f[j]);
             Codec::encode(f, row + size_t(b0 / Codec::kBlocks) * Codec::kBytes);
         }
     }
@@ -299,8 +305,8 @@ bool with_rows(TensorType type, Fn&& fn) {
     }
 }
 
-void read_row(TensorType type, const Place& p, const uint8_t* group, int r, uint8_t* row) {
-    with_rows(type, [&](auto rows) { rows.read(p, group, r, row); });
+void read_row(TensorType type, const Place& p, const uint8_t* w, int64_t row, uint8_t* out) {
+    with_rows(type, [&](auto rows) { rows.read(p, w, row / kGroupRows, int(row % kGroupRows), out); });
 }
 
 Status check(TensorType type, int64_t cols, LayoutKind& k, const char* what) {
@@ -316,16 +322,16 @@ Status check(TensorType type, int64_t cols, LayoutKind& k, const char* what) {
 // The paths without a kernel over the layout: each row read back, then the
 // path's own row kernel on it (the bits every path shares).
 template <TensorType kType, SimdPath kPath>
-void dot_group_by_rows(const void* group, const block_q8a* a, int n_tokens, int64_t k, float* out, int64_t out_stride,
-                       int n_rows) {
+void dot_group_by_rows(const void* w, int64_t rows, int64_t g, const block_q8a* a, int n_tokens, int64_t k,
+                       float* out, int64_t out_stride) {
     const int64_t nb = k / 32;
     LayoutKind kind;
     detail::layout_kind(kType, kind);
-    const Place place(kind, nb);
+    const Place place(kind, nb, rows);
     std::vector<uint8_t> row(row_bytes(kType, k));
     const DotRowFn dot = dot_row_kernel(kType, kPath);
-    for (int r = 0; r < n_rows; ++r) {
-        read_row(kType, place, static_cast<const uint8_t*>(group), r, row.data());
+    for (int64_t r = 0; r < kGroupRows && g * kGroupRows + r < rows; ++r) {
+        read_row(kType, place, static_cast<const uint8_t*>(w), g * kGroupRows + r, row.data());
         for (int t = 0; t < n_tokens; ++t) out[t * out_stride + r] = dot(row.data(), a + t * nb, k);
     }
 }
@@ -352,49 +358,53 @@ bool interleaved_type(TensorType type) {
     return detail::layout_kind(type, k);
 }
 
-size_t interleaved_group_bytes(TensorType type, int64_t cols) {
-    LayoutKind k;
-    if (!check(type, cols, k, "").ok()) return 0;
-    return detail::group_bytes_of(k, cols / 32);
-}
-
 size_t interleaved_bytes(TensorType type, int64_t rows, int64_t cols) {
-    if (rows < 1) return 0;
-    return size_t((rows + kGroupRows - 1) / kGroupRows) * interleaved_group_bytes(type, cols);
+    LayoutKind k;
+    if (rows < 1 || !check(type, cols, k, "").ok()) return 0;
+    return detail::matrix_bytes_of(k, cols / 32, (rows + kGroupRows - 1) / kGroupRows);
 }
 
-Status interleave_rows(TensorType type, const void* src, size_t src_stride, int64_t rows, int64_t cols, void* dst) {
+Status interleave_groups(TensorType type, const void* src, size_t src_stride, int64_t rows, int64_t cols, void* dst,
+                         int64_t g0, int64_t g1) {
     LayoutKind k;
     if (Status st = check(type, cols, k, "interleave_rows"); !st.ok()) return st;
     if (rows < 1 || !src || !dst) return Error{"interleave_rows: no rows or no data"};
+    const int64_t n_groups = (rows + kGroupRows - 1) / kGroupRows;
+    if (g0 < 0 || g1 > n_groups || g0 > g1)
+        return Error{"interleave_rows: groups [" + std::to_string(g0) + ", " + std::to_string(g1) + ") of " +
+                     std::to_string(n_groups)};
     const size_t rb = row_bytes(type, cols);
     if (src_stride < rb)
         return Error{"interleave_rows: row stride " + std::to_string(src_stride) + " is below the row size"};
-    const int64_t nb = cols / 32;
-    const size_t gb = detail::group_bytes_of(k, nb);
-    const Place place(k, nb);
+    const Place place(k, cols / 32, rows);
     auto* out = static_cast<uint8_t*>(dst);
     const auto* in = static_cast<const uint8_t*>(src);
     const std::vector<uint8_t> zero_row(rb, 0);
-    for (int64_t g = 0; g * kGroupRows < rows; ++g) {
-        uint8_t* group = out + size_t(g) * gb;
-        std::memset(group, 0, gb);
+    for (int64_t g = g0; g < g1; ++g) {
         for (int r = 0; r < kGroupRows; ++r) {
             const int64_t row = g * kGroupRows + r;
             const uint8_t* from = row < rows ? in + size_t(row) * src_stride : zero_row.data();
-            with_rows(type, [&](auto rows) { rows.write(place, group, r, from); });
+            with_rows(type, [&](auto codec) { codec.write(place, out, g, r, from); });
         }
+    }
+    // The bytes past the last plane, up to the 64-byte total.
+    if (g1 == n_groups) {
+        const size_t used = size_t(n_groups) * detail::group_regions(k, cols / 32).end;
+        std::memset(out + used, 0, detail::matrix_bytes_of(k, cols / 32, n_groups) - used);
     }
     return {};
 }
 
-Status deinterleave_row(TensorType type, const void* src, int64_t cols, int64_t r, void* row) {
+Status interleave_rows(TensorType type, const void* src, size_t src_stride, int64_t rows, int64_t cols, void* dst) {
+    return interleave_groups(type, src, src_stride, rows, cols, dst, 0, (rows + kGroupRows - 1) / kGroupRows);
+}
+
+Status deinterleave_row(TensorType type, const void* src, int64_t rows, int64_t cols, int64_t r, void* row) {
     LayoutKind k;
     if (Status st = check(type, cols, k, "deinterleave_row"); !st.ok()) return st;
-    if (r < 0 || !src || !row) return Error{"deinterleave_row: bad row or no data"};
-    const int64_t nb = cols / 32;
-    const auto* group = static_cast<const uint8_t*>(src) + size_t(r / kGroupRows) * detail::group_bytes_of(k, nb);
-    read_row(type, Place(k, nb), group, int(r % kGroupRows), static_cast<uint8_t*>(row));
+    if (r < 0 || r >= (rows + kGroupRows - 1) / kGroupRows * kGroupRows || !src || !row)
+        return Error{"deinterleave_row: row " + std::to_string(r) + " of " + std::to_string(rows) + ", or no data"};
+    read_row(type, Place(k, cols / 32, rows), static_cast<const uint8_t*>(src), r, static_cast<uint8_t*>(row));
     return {};
 }
 

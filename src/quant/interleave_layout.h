@@ -36,14 +36,15 @@ static constexpr bool layout_kind(TensorType type, LayoutKind& k) {
     }
 }
 
-// Byte offsets within a group of nb blocks (nb a multiple of 8 for K-quants).
+// The bytes of one group's parts, as offsets of each part after the ones
+// before it (nb blocks, a multiple of 8 for K-quants).
 struct GroupRegions {
     size_t qh = 0;   // high bits: nb units of high_words * 64 bytes
     size_t d = 0;    // f16 scales: per block (nb units of 32 bytes), or per super-block (nb / 8)
     size_t m = 0;    // f16 mins (or dmin), laid out as d
     size_t sc = 0;   // K-quants: nb units of scales * 16 bytes (int8; q6_K: 16 rows' first half, then second)
     size_t mn = 0;   // q4_K, q5_K: nb units of 16 bytes (the 6-bit mins)
-    size_t end = 0;  // bytes used; the group takes them rounded up to 64
+    size_t end = 0;  // bytes of all its parts
 };
 
 static inline GroupRegions group_regions(const LayoutKind& k, int64_t nb) {
@@ -59,6 +60,30 @@ static inline GroupRegions group_regions(const LayoutKind& k, int64_t nb) {
     return g;
 }
 
-static inline size_t group_bytes_of(const LayoutKind& k, int64_t nb) { return (group_regions(k, nb).end + 63) / 64 * 64; }
+// A matrix keeps each part in a plane of its own, every group's share of it
+// one after another, so that a thread streaming its groups reads a few long
+// runs (a hardware prefetcher follows one stream per page; several parts of
+// one group side by side in a page defeat it): the offsets of group gi's
+// parts in a matrix of n_groups groups.
+struct GroupPlanes {
+    size_t qs = 0, qh = 0, d = 0, m = 0, sc = 0, mn = 0;
+};
+
+static inline GroupPlanes group_planes(const LayoutKind& k, int64_t nb, int64_t n_groups, int64_t gi) {
+    const GroupRegions r = group_regions(k, nb);
+    const size_t n = size_t(n_groups), i = size_t(gi);
+    GroupPlanes p;
+    p.qs = i * r.qh;
+    p.qh = n * r.qh + i * (r.d - r.qh);
+    p.d = n * r.d + i * (r.m - r.d);
+    p.m = n * r.m + i * (r.sc - r.m);
+    p.sc = n * r.sc + i * (r.mn - r.sc);
+    p.mn = n * r.mn + i * (r.end - r.mn);
+    return p;
+}
+
+static inline size_t matrix_bytes_of(const LayoutKind& k, int64_t nb, int64_t n_groups) {
+    return (size_t(n_groups) * group_regions(k, nb).end + 63) / 64 * 64;
+}
 
 }  // namespace tern::quant::detail

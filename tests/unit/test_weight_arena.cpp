@@ -164,7 +164,7 @@ TEST(CpuBackendWeights, InterleavedWhereAvx512RunsAndEveryRowReadsBack) {
             for (int64_t r = 0; r < rows; ++r) {
                 const uint8_t* got = static_cast<const uint8_t*>(w->host) + size_t(r) * rb;
                 if (interleaved) {
-                    ASSERT_TRUE(quant::deinterleave_row(t, w->host, cols, r, back.data()).ok());
+                    ASSERT_TRUE(quant::deinterleave_row(t, w->host, rows, cols, r, back.data()).ok());
                     got = back.data();
                 }
                 ASSERT_EQ(std::memcmp(got, bytes.data() + size_t(r) * rb, rb), 0) << "row " << r;

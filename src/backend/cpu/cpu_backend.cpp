@@ -107,26 +107,22 @@ public:
     // there; false (w unchanged) where the type has none or memory is short.
     bool interleave(Weight& w) {
         if (!interleave_ || !quant::interleaved_type(w.type)) return false;
-        const size_t group_bytes = quant::interleaved_group_bytes(w.type, w.cols);
-        if (group_bytes == 0) return false;
-        auto* dst = static_cast<uint8_t*>(arena_.reserve(quant::interleaved_bytes(w.type, w.rows, w.cols)));
+        const size_t bytes = quant::interleaved_bytes(w.type, w.rows, w.cols);
+        if (bytes == 0) return false;
+        auto* dst = static_cast<uint8_t*>(arena_.reserve(bytes));
         if (!dst) return false;
         const size_t stride = w.row_bytes ? w.row_bytes : quant::row_bytes(w.type, w.cols);
-        const auto* src = static_cast<const uint8_t*>(w.host);
         // Threads take runs of groups (the first touch of the arena's pages).
         constexpr int64_t kRun = 64;
         const int64_t groups = (w.rows + quant::kGroupRows - 1) / quant::kGroupRows;
         const int64_t runs = (groups + kRun - 1) / kRun;
         bool ok = true;
 #pragma omp parallel for schedule(static) if (runs > 1) reduction(&& : ok)
-        for (int64_t i = 0; i < runs; ++i) {
-            const int64_t r0 = i * kRun * quant::kGroupRows;
-            const int64_t rows = std::min(w.rows - r0, kRun * quant::kGroupRows);
-            ok = quant::interleave_rows(w.type, src + size_t(r0) * stride, stride, rows, w.cols,
-                                        dst + size_t(i * kRun) * group_bytes)
+        for (int64_t i = 0; i < runs; ++i)
+            ok = quant::interleave_groups(w.type, w.host, stride, w.rows, w.cols, dst, i * kRun,
+                                          std::min(groups, (i + 1) * kRun))
                      .ok() &&
                  ok;
-        }
         if (!ok) return false;  // (the reserved bytes stay unused)
         w.host = dst;
         w.layout = WeightLayout::interleaved16;
@@ -183,7 +179,8 @@ public:
             if (table.layout == WeightLayout::interleaved16) {
                 // A tied output matrix: the token's row read back from its group.
                 embed_row_.resize(quant::row_bytes(table.type, table.cols));
-                if (Status s = quant::deinterleave_row(table.type, table.host, table.cols, token, embed_row_.data());
+                if (Status s = quant::deinterleave_row(table.type, table.host, table.rows, table.cols, token,
+                                                       embed_row_.data());
                     !s.ok()) {
                     note(s);
                     continue;

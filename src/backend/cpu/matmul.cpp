@@ -56,7 +56,7 @@ Result<size_t> check_weight(const Weight& w, const char* what) {
         return Error{where + "has shape " + std::to_string(w.rows) + " x " + std::to_string(w.cols)};
     if (!w.host) return Error{where + "has no data"};
     if (w.layout == WeightLayout::interleaved16) {
-        if (quant::interleaved_group_bytes(w.type, w.cols) == 0)
+        if (quant::interleaved_bytes(w.type, w.rows, w.cols) == 0)
             return Error{where + "(" + name_of(w.type) + ", " + std::to_string(w.cols) +
                          " columns) has no interleaved layout"};
         if (reinterpret_cast<uintptr_t>(w.host) % 64 != 0) return Error{where + "is not 64-byte aligned"};
@@ -106,11 +106,10 @@ void for_each_tile(int64_t rows, int64_t cols, int64_t n_tokens, int threads, Fn
 // kernel call. (A tile's 32 rows are two whole groups.)
 static_assert(kRowsPerTile % quant::kGroupRows == 0);
 
-void group_rows(quant::DotGroupFn dot, const uint8_t* base, size_t group_bytes, int64_t rows, int64_t r0, int64_t r1,
-                const quant::block_q8a* xq, int n_tokens, int64_t cols, float* out, int64_t out_stride) {
+void group_rows(quant::DotGroupFn dot, const void* w, int64_t rows, int64_t r0, int64_t r1, const quant::block_q8a* xq,
+                int n_tokens, int64_t cols, float* out, int64_t out_stride) {
     for (int64_t r = r0; r < r1; r += quant::kGroupRows)
-        dot(base + size_t(r / quant::kGroupRows) * group_bytes, xq, n_tokens, cols, out + r, out_stride,
-            int(std::min<int64_t>(quant::kGroupRows, rows - r)));
+        dot(w, rows, r / quant::kGroupRows, xq, n_tokens, cols, out + r, out_stride);
 }
 
 Status matmul_interleaved(const Weight& w, const quant::block_q8a* xq, int64_t n_tokens, float* out,
@@ -119,13 +118,11 @@ Status matmul_interleaved(const Weight& w, const quant::block_q8a* xq, int64_t n
     if (!dot)
         return Error{"matmul: no interleaved " + name_of(w.type) + " kernel on the " + quant::simd_path_name(path) +
                      " path"};
-    const auto* base = static_cast<const uint8_t*>(w.host);
-    const size_t group_bytes = quant::interleaved_group_bytes(w.type, w.cols);
     const int64_t rows = w.rows, cols = w.cols, nbk = cols / quant::QK8A;
     for_each_tile(rows, cols, n_tokens, thread_count(opt), [&](int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
         for (int64_t t = t0; t < t1; t += kTokensPerCall) {
             const int nt = int(std::min(kTokensPerCall, t1 - t));
-            group_rows(dot, base, group_bytes, rows, r0, r1, xq + t * nbk, nt, cols, out + t * rows, rows);
+            group_rows(dot, w.host, rows, r0, r1, xq + t * nbk, nt, cols, out + t * rows, rows);
         }
     });
     return {};
@@ -254,7 +251,7 @@ bool matmul_q8a_one_token(const Q8aTarget* targets, int n, const quant::block_q8
     if (!path.ok()) return false;
     struct Part {
         const uint8_t* base;
-        size_t stride;  // GGUF rows: row to row; interleaved: group to group
+        size_t stride;  // GGUF rows: row to row
         int64_t rows, cols;
         quant::DotRowsFn dot;         // GGUF rows
         quant::DotGroupFn dot_group;  // interleaved
@@ -271,8 +268,7 @@ bool matmul_q8a_one_token(const Q8aTarget* targets, int n, const quant::block_q8
         if (w.layout == WeightLayout::interleaved16) {
             const quant::DotGroupFn dot = quant::dot_group_kernel(w.type, *path);
             if (!dot) return false;
-            parts[i] = Part{base, quant::interleaved_group_bytes(w.type, w.cols), w.rows, w.cols, nullptr, dot,
-                            targets[i].out, tiles};
+            parts[i] = Part{base, 0, w.rows, w.cols, nullptr, dot, targets[i].out, tiles};
         } else {
             const quant::DotRowsFn dot = quant::dot_rows_kernel(w.type, *path);
             if (!dot) return false;
@@ -292,7 +288,7 @@ bool matmul_q8a_one_token(const Q8aTarget* targets, int n, const quant::block_q8
             // The tile matmul_q8a gives this weight: rows r0..r1 of its own.
             const int64_t r0 = (i - t.first_tile) * kRowsPerTile, r1 = std::min(r0 + kRowsPerTile, t.rows);
             if (t.dot_group)
-                group_rows(t.dot_group, t.base, t.stride, t.rows, r0, r1, xq, 1, t.cols, t.out, t.rows);
+                group_rows(t.dot_group, t.base, t.rows, r0, r1, xq, 1, t.cols, t.out, t.rows);
             else
                 t.dot(t.base + size_t(r0) * t.stride, t.stride, r1 - r0, xq, t.cols, t.out + r0);
         },
