@@ -112,7 +112,9 @@ private:
 
 // Tensor parallelism simulated on the CPU: n_ranks CPU backends in a host
 // group, threads_per_rank OpenMP threads each. It is the arithmetic a
-// multi-GPU run does, checkable without GPUs.
+// multi-GPU run does, checkable without GPUs. `model` is a described model
+// (describe_model), whose weights view the file's rows: a registered one may
+// hold a backend's own layout, which the ranks' views refuse.
 Result<std::unique_ptr<TpForward>> make_cpu_tensor_parallel(const Model& model, int n_ranks, int max_tokens,
                                                            int n_slots, int n_ctx, int threads_per_rank = 1);
 

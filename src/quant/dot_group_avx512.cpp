@@ -22,10 +22,9 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__) && \
     defined(__F16C__)
 
-// GCC 12's own 512-bit intrinsics pass an _mm512_undefined_*() operand that
-// trips this warning wherever they are inlined.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
+
+#include <cassert>
 
 #include <cstring>
 
@@ -44,7 +43,6 @@ enum class Ints {
 
 template <TensorType kT, Ints kI, int kShift = 0>
 struct Type {
-    static constexpr TensorType kType = kT;
     static constexpr Ints kInts = kI;
     static constexpr int kOffsetShift = kShift;
     static constexpr LayoutKind kind() {
@@ -115,6 +113,10 @@ inline __m512 half16(const uint8_t* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
+// GCC 12's own 512-bit intrinsics pass an _mm512_undefined_*() operand that
+// trips this warning wherever they are inlined.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 template <class T, int kTokens>
 void dot_group(const void* w, int64_t n_groups, int64_t gi, const block_q8a* a, int64_t k, float* out,
                int64_t out_stride, int n_rows) {
@@ -213,12 +215,14 @@ void dot_group(const void* w, int64_t n_groups, int64_t gi, const block_q8a* a, 
         _mm512_mask_storeu_ps(out + t * out_stride, rows, _mm512_add_ps(left, right));
     }
 }
+#pragma GCC diagnostic pop
 
 template <class T>
 void dot_group_tokens(const void* w, int64_t rows, int64_t g, const block_q8a* a, int n_tokens, int64_t k,
                       float* out, int64_t out_stride) {
     const int64_t n_groups = (rows + 15) / 16;
     const int n_rows = int(rows - 16 * g < 16 ? rows - 16 * g : 16);
+    assert(g >= 0 && n_rows >= 1 && n_tokens >= 1 && n_tokens <= kDotMaxTokens);
     switch (n_tokens) {
         case 1: return dot_group<T, 1>(w, n_groups, g, a, k, out, out_stride, n_rows);
         case 2: return dot_group<T, 2>(w, n_groups, g, a, k, out, out_stride, n_rows);

@@ -31,7 +31,6 @@ DotGroupFn group_kernel_avx512(TensorType type);
 
 namespace {
 
-using detail::GroupRegions;
 using detail::LayoutKind;
 
 static_assert(kGroupRows == detail::kLayoutRows);
@@ -306,7 +305,7 @@ bool with_rows(TensorType type, Fn&& fn) {
 }
 
 void read_row(TensorType type, const Place& p, const uint8_t* w, int64_t row, uint8_t* out) {
-    with_rows(type, [&](auto rows) { rows.read(p, w, row / kGroupRows, int(row % kGroupRows), out); });
+    with_rows(type, [&](auto rows_of) { rows_of.read(p, w, row / kGroupRows, int(row % kGroupRows), out); });
 }
 
 Status check(TensorType type, int64_t cols, LayoutKind& k, const char* what) {
@@ -367,15 +366,15 @@ size_t interleaved_bytes(TensorType type, int64_t rows, int64_t cols) {
 Status interleave_groups(TensorType type, const void* src, size_t src_stride, int64_t rows, int64_t cols, void* dst,
                          int64_t g0, int64_t g1) {
     LayoutKind k;
-    if (Status st = check(type, cols, k, "interleave_rows"); !st.ok()) return st;
-    if (rows < 1 || !src || !dst) return Error{"interleave_rows: no rows or no data"};
+    if (Status st = check(type, cols, k, "interleave_groups"); !st.ok()) return st;
+    if (rows < 1 || !src || !dst) return Error{"interleave_groups: no rows or no data"};
     const int64_t n_groups = (rows + kGroupRows - 1) / kGroupRows;
     if (g0 < 0 || g1 > n_groups || g0 > g1)
-        return Error{"interleave_rows: groups [" + std::to_string(g0) + ", " + std::to_string(g1) + ") of " +
+        return Error{"interleave_groups: groups [" + std::to_string(g0) + ", " + std::to_string(g1) + ") of " +
                      std::to_string(n_groups)};
     const size_t rb = row_bytes(type, cols);
     if (src_stride < rb)
-        return Error{"interleave_rows: row stride " + std::to_string(src_stride) + " is below the row size"};
+        return Error{"interleave_groups: row stride " + std::to_string(src_stride) + " is below the row size"};
     const Place place(k, cols / 32, rows);
     auto* out = static_cast<uint8_t*>(dst);
     const auto* in = static_cast<const uint8_t*>(src);
@@ -384,12 +383,12 @@ Status interleave_groups(TensorType type, const void* src, size_t src_stride, in
         for (int r = 0; r < kGroupRows; ++r) {
             const int64_t row = g * kGroupRows + r;
             const uint8_t* from = row < rows ? in + size_t(row) * src_stride : zero_row.data();
-            with_rows(type, [&](auto codec) { codec.write(place, out, g, r, from); });
+            with_rows(type, [&](auto rows_of) { rows_of.write(place, out, g, r, from); });
         }
     }
     // The bytes past the last plane, up to the 64-byte total.
     if (g1 == n_groups) {
-        const size_t used = size_t(n_groups) * detail::group_regions(k, cols / 32).end;
+        const size_t used = size_t(n_groups) * detail::part_bytes(k, cols / 32).total();
         std::memset(out + used, 0, detail::matrix_bytes_of(k, cols / 32, n_groups) - used);
     }
     return {};
@@ -402,7 +401,7 @@ Status interleave_rows(TensorType type, const void* src, size_t src_stride, int6
 Status deinterleave_row(TensorType type, const void* src, int64_t rows, int64_t cols, int64_t r, void* row) {
     LayoutKind k;
     if (Status st = check(type, cols, k, "deinterleave_row"); !st.ok()) return st;
-    if (r < 0 || r >= (rows + kGroupRows - 1) / kGroupRows * kGroupRows || !src || !row)
+    if (r < 0 || r >= rows || !src || !row)
         return Error{"deinterleave_row: row " + std::to_string(r) + " of " + std::to_string(rows) + ", or no data"};
     read_row(type, Place(k, cols / 32, rows), static_cast<const uint8_t*>(src), r, static_cast<uint8_t*>(row));
     return {};

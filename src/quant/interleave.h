@@ -62,13 +62,14 @@ Status interleave_groups(TensorType type, const void* src, size_t src_stride, in
                          int64_t g0, int64_t g1);
 
 // Row r's GGUF blocks (row_bytes(type, cols) bytes) read back from a matrix of
-// `rows` rows in the layout.
+// `rows` rows in the layout; an error for r outside 0..rows-1.
 Status deinterleave_row(TensorType type, const void* src, int64_t rows, int64_t cols, int64_t r, void* row);
 
-// For group g of a rows x k matrix w in the layout, t < n_tokens
-// (1..kDotMaxTokens), the group's rows r < min(16, rows - 16 g), and
-// a_t = a + t * (k / 32):
-//   out[t * out_stride + r] = DotRowFn(row 16 g + r, a_t, k), bit for bit.
+// For group g (0 <= 16 g < rows) of a rows x k matrix w in the layout,
+// t < n_tokens (1..kDotMaxTokens), the group's rows r < min(16, rows - 16 g),
+// and a_t = a + t * (k / 32):
+//   out[t * out_stride + r] = DotRowFn(row 16 g + r, a_t, k), bit for bit
+// (a NaN is a NaN: its payload may differ, as between the row kernels' paths).
 using DotGroupFn = void (*)(const void* w, int64_t rows, int64_t g, const block_q8a* a, int n_tokens, int64_t k,
                             float* out, int64_t out_stride);
 

@@ -36,28 +36,28 @@ static constexpr bool layout_kind(TensorType type, LayoutKind& k) {
     }
 }
 
-// The bytes of one group's parts, as offsets of each part after the ones
-// before it (nb blocks, a multiple of 8 for K-quants).
-struct GroupRegions {
-    size_t qh = 0;   // high bits: nb units of high_words * 64 bytes
-    size_t d = 0;    // f16 scales: per block (nb units of 32 bytes), or per super-block (nb / 8)
-    size_t m = 0;    // f16 mins (or dmin), laid out as d
-    size_t sc = 0;   // K-quants: nb units of scales * 16 bytes (int8; q6_K: 16 rows' first half, then second)
-    size_t mn = 0;   // q4_K, q5_K: nb units of 16 bytes (the 6-bit mins)
-    size_t end = 0;  // bytes of all its parts
+// One group's bytes of each part (nb blocks, a multiple of 8 for K-quants).
+struct PartBytes {
+    size_t qs = 0;  // quanta: nb units of words * 64 bytes
+    size_t qh = 0;  // high bits: nb units of high_words * 64 bytes
+    size_t d = 0;   // f16 scales: per block, or per super-block (K-quants), 32 bytes each
+    size_t m = 0;   // f16 mins (or dmin), as d
+    size_t sc = 0;  // K-quants: nb units of scales * 16 bytes
+    size_t mn = 0;  // q4_K, q5_K: nb units of 16 bytes
+    size_t total() const { return qs + qh + d + m + sc + mn; }
 };
 
-static inline GroupRegions group_regions(const LayoutKind& k, int64_t nb) {
+static inline PartBytes part_bytes(const LayoutKind& k, int64_t nb) {
     const size_t n = size_t(nb), rows = kLayoutRows;
-    const size_t halves = k.k_quant ? n / 8 : n;  // units of d and m
-    GroupRegions g;
-    g.qh = n * size_t(k.words) * 4 * rows;
-    g.d = g.qh + n * size_t(k.high_words) * 4 * rows;
-    g.m = g.d + halves * 2 * rows;
-    g.sc = g.m + (k.has_min ? halves * 2 * rows : 0);
-    g.mn = g.sc + n * size_t(k.scales) * rows;
-    g.end = g.mn + (k.k_quant && k.has_min ? n * rows : 0);
-    return g;
+    const size_t scale_units = k.k_quant ? n / 8 : n;
+    PartBytes b;
+    b.qs = n * size_t(k.words) * 4 * rows;
+    b.qh = n * size_t(k.high_words) * 4 * rows;
+    b.d = scale_units * 2 * rows;
+    b.m = k.has_min ? scale_units * 2 * rows : 0;
+    b.sc = n * size_t(k.scales) * rows;
+    b.mn = k.k_quant && k.has_min ? n * rows : 0;
+    return b;
 }
 
 // A matrix keeps each part in a plane of its own, every group's share of it
@@ -70,20 +70,27 @@ struct GroupPlanes {
 };
 
 static inline GroupPlanes group_planes(const LayoutKind& k, int64_t nb, int64_t n_groups, int64_t gi) {
-    const GroupRegions r = group_regions(k, nb);
+    const PartBytes b = part_bytes(k, nb);
     const size_t n = size_t(n_groups), i = size_t(gi);
     GroupPlanes p;
-    p.qs = i * r.qh;
-    p.qh = n * r.qh + i * (r.d - r.qh);
-    p.d = n * r.d + i * (r.m - r.d);
-    p.m = n * r.m + i * (r.sc - r.m);
-    p.sc = n * r.sc + i * (r.mn - r.sc);
-    p.mn = n * r.mn + i * (r.end - r.mn);
+    size_t plane = 0;  // where the next plane starts
+    auto place = [&](size_t part) {
+        const size_t at = plane + i * part;
+        plane += n * part;
+        return at;
+    };
+    p.qs = place(b.qs);
+    p.qh = place(b.qh);
+    p.d = place(b.d);
+    p.m = place(b.m);
+    p.sc = place(b.sc);
+    p.mn = place(b.mn);
     return p;
 }
 
+// The matrix's bytes: its planes, rounded up to 64.
 static inline size_t matrix_bytes_of(const LayoutKind& k, int64_t nb, int64_t n_groups) {
-    return (size_t(n_groups) * group_regions(k, nb).end + 63) / 64 * 64;
+    return (size_t(n_groups) * part_bytes(k, nb).total() + 63) / 64 * 64;
 }
 
 }  // namespace tern::quant::detail

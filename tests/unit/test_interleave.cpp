@@ -80,28 +80,47 @@ TEST(Interleave, EveryRowReadsBackAndPaddingIsZero) {
                 ASSERT_EQ(n % 64, 0u);
                 Aligned dst(n);
                 ASSERT_TRUE(interleave_rows(t, src.data(), stride, rows, cols, dst.get()).ok());
+                // Group by group, in any order, the same bytes.
+                Aligned parts(n);
+                const int64_t groups = (rows + 15) / 16;
+                for (int64_t g = groups - 1; g >= 0; --g)
+                    ASSERT_TRUE(interleave_groups(t, src.data(), stride, rows, cols, parts.get(), g, g + 1).ok());
+                ASSERT_EQ(0, std::memcmp(parts.get(), dst.get(), n));
                 std::vector<uint8_t> back(rb);
-                for (int64_t r = 0; r < (rows + 15) / 16 * 16; ++r) {
-                    ASSERT_TRUE(deinterleave_row(t, dst.get(), rows, cols, r, back.data()).ok());
+                const int64_t padded = groups * 16;  // the same layout, its padding rows counted in
+                for (int64_t r = 0; r < padded; ++r) {
+                    ASSERT_TRUE(deinterleave_row(t, dst.get(), r < rows ? rows : padded, cols, r, back.data()).ok());
                     if (r < rows)
                         ASSERT_EQ(0, std::memcmp(back.data(), src.data() + r * int64_t(stride), rb)) << "row " << r;
                     else
                         for (size_t i = 0; i < rb; ++i) ASSERT_EQ(back[i], 0) << "padding row " << r << " byte " << i;
                 }
+                EXPECT_FALSE(deinterleave_row(t, dst.get(), rows, cols, rows, back.data()).ok());
             }
         }
     }
 }
 
+// Outputs start as this NaN; a kernel's NaN would be a quiet NaN of another payload.
+constexpr uint32_t kPoison = 0x7fa5a5a5;
+
+float poison() {
+    float f;
+    std::memcpy(&f, &kPoison, 4);
+    return f;
+}
+
 TEST(Interleave, GroupKernelsGiveTheRowKernelsBits) {
     std::mt19937 rng(seed() + 61);
     SCOPED_TRACE("seed " + std::to_string(seed()));
+    int64_t case_index = 0;
     for (TensorType t : kTypes) {
         for (int64_t k : lengths(t)) {
             for (const bool arbitrary : {false, true}) {
                 SCOPED_TRACE(name(t) + " k=" + std::to_string(k) + (arbitrary ? " arbitrary bytes" : ""));
-                // One to three groups, the last of 1..16 rows.
-                const int64_t rows = 1 + int64_t(rng() % 48);
+                // One to three groups, the last of 1..16 rows: every count
+                // of 1..48 in turn (the cases outnumber them).
+                const int64_t rows = 1 + (case_index++ * 7) % 48;
                 const size_t rb = row_bytes(t, k);
                 const std::vector<uint8_t> src = gguf_rows(rng, t, rows, k, rb, arbitrary);
                 Aligned w(interleaved_bytes(t, rows, k));
@@ -116,15 +135,16 @@ TEST(Interleave, GroupKernelsGiveTheRowKernelsBits) {
                         const int64_t in_group = std::min<int64_t>(16, rows - 16 * g);
                         SCOPED_TRACE(std::string(simd_path_name(path)) + ", group " + std::to_string(g) + " of " +
                                      std::to_string(rows) + " rows, " + std::to_string(n) + " tokens");
-                        std::vector<float> out(size_t(n * out_stride), std::numeric_limits<float>::quiet_NaN());
+                        std::vector<float> out(size_t(n * out_stride), poison());
                         kernel(w.get(), rows, g, a.data(), n, k, out.data(), out_stride);
                         for (int tok = 0; tok < n; ++tok) {
                             for (int64_t r = 0; r < out_stride; ++r) {
                                 const float got = out[size_t(tok * out_stride + r)];
                                 if (r >= in_group) {
-                                    ASSERT_TRUE(std::isnan(got)) << "wrote row " << r << " of " << in_group;
+                                    ASSERT_EQ(bits_of(got), kPoison) << "wrote row " << r << " of " << in_group;
                                     continue;
                                 }
+                                ASSERT_NE(bits_of(got), kPoison) << "left token " << tok << " row " << r;
                                 const float ref = dot_row_kernel(t, SimdPath::scalar)(
                                     src.data() + (16 * g + r) * int64_t(rb), a.data() + tok * (k / 32), k);
                                 if (std::isnan(ref))
@@ -138,6 +158,7 @@ TEST(Interleave, GroupKernelsGiveTheRowKernelsBits) {
             }
         }
     }
+    EXPECT_GE(case_index, 48);
 }
 
 struct Pair {

@@ -132,55 +132,72 @@ TEST(CpuBackendWeights, MatricesAreCopiedViewsAtTheirStrideVectorsAreNot) {
     EXPECT_EQ(n->host, norm.data());
 }
 
-// q4_0, q4_1, q5_0, q5_1 and q8_0 matrices are registered in the interleaved layout where
+// Matrices of the types with an interleaved layout are registered in it where
 // the AVX-512 path runs (else, and with TERN_CPU_INTERLEAVE=0, copied as GGUF
-// rows); every row reads back, and the backend's embedding lookup reads a
-// table in either layout.
+// rows at their stride); every row reads back, and the backend's embedding
+// lookup reads a table in either layout.
 TEST(CpuBackendWeights, InterleavedWhereAvx512RunsAndEveryRowReadsBack) {
     std::mt19937 rng(tern::test::run_seed() + 4);
     if (backend::cpu::WeightArena::available_budget() < (size_t(512) << 20))
         GTEST_SKIP() << "less than 512 MiB of memory available: the backend reads weights in place";
     const bool avx512 = quant::simd_path_best() == quant::SimdPath::avx512;
-    for (TensorType t : {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q5_0, TensorType::Q5_1, TensorType::Q8_0}) {
-        for (const bool switched_off : {false, true}) {
-            SCOPED_TRACE(std::string(tensor_type_name(uint32_t(t))) + (switched_off ? " TERN_CPU_INTERLEAVE=0" : ""));
-            const int64_t rows = 37, cols = 96;
-            const size_t rb = quant::row_bytes(t, cols);
-            std::vector<uint8_t> bytes(rb * size_t(rows));
-            std::vector<float> row(cols);
-            for (int64_t r = 0; r < rows; ++r) {
-                for (float& v : row) v = float(int(rng() % 2001) - 1000) / 100.0f;
-                ASSERT_TRUE(quant::quantize_row(t, row.data(), bytes.data() + size_t(r) * rb, cols).ok());
-            }
-            if (switched_off) ASSERT_EQ(setenv("TERN_CPU_INTERLEAVE", "0", 1), 0);
-            auto be = backend::make_cpu_backend(1);
-            unsetenv("TERN_CPU_INTERLEAVE");
-            auto w = be->register_weight(matrix(bytes, rows, cols, t));
-            ASSERT_TRUE(w.ok()) << w.error().message;
-            const bool interleaved = avx512 && !switched_off;
-            EXPECT_EQ(w->layout == backend::WeightLayout::interleaved16, interleaved);
-            EXPECT_EQ(reinterpret_cast<uintptr_t>(w->host) % 64, 0u);
-            std::vector<uint8_t> back(rb);
-            for (int64_t r = 0; r < rows; ++r) {
-                const uint8_t* got = static_cast<const uint8_t*>(w->host) + size_t(r) * rb;
-                if (interleaved) {
-                    ASSERT_TRUE(quant::deinterleave_row(t, w->host, rows, cols, r, back.data()).ok());
-                    got = back.data();
+    const TensorType types[] = {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q5_0, TensorType::Q5_1,
+                                TensorType::Q8_0, TensorType::Q4_K, TensorType::Q5_K, TensorType::Q6_K};
+    for (TensorType t : types) {
+        // 37 rows; 1100 (more groups than one thread's run at registration,
+        // with two threads); a view whose rows lie twice their size apart.
+        for (const int64_t rows : {37, 1100}) {
+            for (const bool switched_off : {false, true}) {
+                SCOPED_TRACE(std::string(tensor_type_name(uint32_t(t))) + " " + std::to_string(rows) + " rows" +
+                             (switched_off ? " TERN_CPU_INTERLEAVE=0" : ""));
+                const bool k_quant = t == TensorType::Q4_K || t == TensorType::Q5_K || t == TensorType::Q6_K;
+                const int64_t cols = k_quant ? 256 : 96;
+                const size_t rb = quant::row_bytes(t, cols), stride = 2 * rb;
+                std::vector<uint8_t> bytes(stride * size_t(rows), 0x5A);
+                std::vector<float> row(cols);
+                for (int64_t r = 0; r < rows; ++r) {
+                    for (float& v : row) v = float(int(rng() % 2001) - 1000) / 100.0f;
+                    ASSERT_TRUE(quant::quantize_row(t, row.data(), bytes.data() + size_t(r) * stride, cols).ok());
                 }
-                ASSERT_EQ(std::memcmp(got, bytes.data() + size_t(r) * rb, rb), 0) << "row " << r;
-            }
-            const std::vector<int32_t> tokens = {36, 0, 17, 17};
-            auto out = be->alloc(int64_t(tokens.size()), cols);
-            ASSERT_TRUE(out.ok());
-            be->embed(*w, tokens, *out);
-            ASSERT_TRUE(be->take_error().ok());
-            std::vector<float> got(tokens.size() * size_t(cols)), want(cols);
-            be->download(*out, got.data());
-            for (size_t i = 0; i < tokens.size(); ++i) {
-                ASSERT_TRUE(
-                    quant::dequantize_row(t, bytes.data() + size_t(tokens[i]) * rb, want.data(), cols).ok());
-                for (int64_t c = 0; c < cols; ++c)
-                    ASSERT_EQ(got[i * size_t(cols) + size_t(c)], want[size_t(c)]) << "token " << tokens[i];
+                if (switched_off) {
+                    ASSERT_EQ(setenv("TERN_CPU_INTERLEAVE", "0", 1), 0);
+                }
+                auto be = backend::make_cpu_backend(2);
+                unsetenv("TERN_CPU_INTERLEAVE");
+                backend::Weight view = matrix(bytes, rows, cols, t);
+                view.row_bytes = stride;
+                auto w = be->register_weight(view);
+                ASSERT_TRUE(w.ok()) << w.error().message;
+                const bool interleaved = avx512 && !switched_off;
+                EXPECT_EQ(w->layout == backend::WeightLayout::interleaved16, interleaved);
+                EXPECT_EQ(reinterpret_cast<uintptr_t>(w->host) % 64, 0u);
+                std::vector<uint8_t> back(rb);
+                for (int64_t r = 0; r < rows; ++r) {
+                    const uint8_t* got = static_cast<const uint8_t*>(w->host) + size_t(r) * stride;
+                    if (interleaved) {
+                        ASSERT_TRUE(quant::deinterleave_row(t, w->host, rows, cols, r, back.data()).ok());
+                        got = back.data();
+                    }
+                    ASSERT_EQ(std::memcmp(got, bytes.data() + size_t(r) * stride, rb), 0) << "row " << r;
+                }
+                const std::vector<int32_t> tokens = {int32_t(rows - 1), 0, 17, 17};
+                auto out = be->alloc(int64_t(tokens.size()), cols);
+                ASSERT_TRUE(out.ok());
+                be->embed(*w, tokens, *out);
+                ASSERT_TRUE(be->take_error().ok());
+                std::vector<float> got(tokens.size() * size_t(cols)), want(cols);
+                be->download(*out, got.data());
+                for (size_t i = 0; i < tokens.size(); ++i) {
+                    ASSERT_TRUE(quant::dequantize_row(t, bytes.data() + size_t(tokens[i]) * stride, want.data(), cols)
+                                    .ok());
+                    for (int64_t c = 0; c < cols; ++c)
+                        ASSERT_EQ(got[i * size_t(cols) + size_t(c)], want[size_t(c)]) << "token " << tokens[i];
+                }
+                // A token past the table is an error naming it, not a read past the rows.
+                be->embed(*w, {int32_t(rows)}, *out);
+                const Status bad = be->take_error();
+                ASSERT_FALSE(bad.ok());
+                EXPECT_NE(bad.message().find("token " + std::to_string(rows)), std::string::npos) << bad.message();
             }
         }
     }

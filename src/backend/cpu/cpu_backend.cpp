@@ -1,6 +1,6 @@
 // The CPU backend: weight matrices copied into huge-page memory where it can
-// be had (those of 32-element blocks in the interleaved layout of
-// quant/interleave.h on AVX-512; else read in place from the GGUF mapping),
+// be had (the quantized ones in the interleaved layout of quant/interleave.h
+// on AVX-512; else read in place from the GGUF mapping),
 // activations in host memory, OpenMP threads over independent rows, an f16
 // KV cache of pages laid out [layer][page][pos in page][kv_head][head_dim].
 #include <omp.h>
@@ -40,9 +40,9 @@ bool weight_copies_on() {
     return !(v && std::string(v) == "0");
 }
 
-// Matrices of 32-element blocks (q4_0, q4_1, q5_0, q5_1, q8_0) are registered
-// in the interleaved layout (quant/interleave.h) where the AVX-512 path runs;
-// TERN_CPU_INTERLEAVE=0 keeps their GGUF rows, for A/B runs.
+// Matrices of the types with an interleaved layout (quant/interleave.h: q4_0,
+// q4_1, q5_0, q5_1, q8_0, q4_K, q5_K, q6_K) are registered in it where the
+// AVX-512 path runs; TERN_CPU_INTERLEAVE=0 keeps their GGUF rows, for A/B runs.
 bool interleave_on() {
     const char* v = std::getenv("TERN_CPU_INTERLEAVE");
     return !(v && std::string(v) == "0") && quant::simd_path_best() == quant::SimdPath::avx512;
@@ -106,7 +106,7 @@ public:
     // Writes w's rows into the arena in the interleaved layout and points w
     // there; false (w unchanged) where the type has none or memory is short.
     bool interleave(Weight& w) {
-        if (!interleave_ || !quant::interleaved_type(w.type)) return false;
+        if (!interleave_ || !quant::dot_group_kernel(w.type, quant::SimdPath::avx512)) return false;
         const size_t bytes = quant::interleaved_bytes(w.type, w.rows, w.cols);
         if (bytes == 0) return false;
         auto* dst = static_cast<uint8_t*>(arena_.reserve(bytes));
@@ -175,9 +175,15 @@ public:
         const auto* base = static_cast<const uint8_t*>(table.host);
         for (int64_t t = 0; t < int64_t(tokens.size()); ++t) {
             const int64_t token = tokens[size_t(t)];
+            if (token < 0 || token >= table.rows) {
+                note(Error{"embed: token " + std::to_string(token) + " is outside the table's " +
+                           std::to_string(table.rows) + " rows"});
+                continue;
+            }
             const void* row = base + size_t(token) * table.row_bytes;
             if (table.layout == WeightLayout::interleaved16) {
-                // A tied output matrix: the token's row read back from its group.
+                // The token's row read back from its group (a table whose
+                // type has the layout is registered in it, tied or not).
                 embed_row_.resize(quant::row_bytes(table.type, table.cols));
                 if (Status s = quant::deinterleave_row(table.type, table.host, table.rows, table.cols, token,
                                                        embed_row_.data());

@@ -59,7 +59,6 @@ Result<size_t> check_weight(const Weight& w, const char* what) {
         if (quant::interleaved_bytes(w.type, w.rows, w.cols) == 0)
             return Error{where + "(" + name_of(w.type) + ", " + std::to_string(w.cols) +
                          " columns) has no interleaved layout"};
-        if (reinterpret_cast<uintptr_t>(w.host) % 64 != 0) return Error{where + "is not 64-byte aligned"};
         return size_t(0);
     }
     const size_t packed = quant::row_bytes(w.type, w.cols);

@@ -164,6 +164,8 @@ public:
         const size_t packed_row = quant::row_bytes(w.type, w.cols);
         if (!w.host || packed_row == 0 || w.row_bytes < packed_row)
             return Error{"cuda: weight '" + w.name + "' has no host bytes or a row stride shorter than its row"};
+        if (w.layout != WeightLayout::gguf_rows)
+            return Error{"cuda: weight '" + w.name + "' is in another backend's registration layout, not the file's rows"};
         DeviceWeight& d = weights_.emplace_back();
         d.host = w.host;
         d.host_stride = w.row_bytes;
