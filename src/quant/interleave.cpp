@@ -60,6 +60,7 @@ struct Legacy {
     static constexpr size_t kQs = kQh + (kHigh ? 4 : 0);
     static constexpr size_t kBytes = kType == TensorType::Q8_0 ? 34 : kQs + 16;
     static constexpr int kBlocks = 1;
+    static constexpr TensorType kLayout = kType;
 
     static void decode(const uint8_t* seg, Fields* f) {
         f->d = u16(seg);
@@ -97,6 +98,7 @@ struct K4 {
     using Block = std::conditional_t<kHigh, block_q5_K, block_q4_K>;
     static constexpr size_t kBytes = sizeof(Block);
     static constexpr int kBlocks = 8;
+    static constexpr TensorType kLayout = kHigh ? TensorType::Q5_K : TensorType::Q4_K;
 
     static void decode(const uint8_t* seg, Fields* f) {
         Block w;
@@ -137,6 +139,7 @@ struct K4 {
 struct K6 {
     static constexpr size_t kBytes = sizeof(block_q6_K);
     static constexpr int kBlocks = 8;
+    static constexpr TensorType kLayout = TensorType::Q6_K;
 
     // Element l of block j: low nibble at ql[64h + 32(quarter & 1) + l]
     // (high nibble for quarters 2 and 3), two high bits at qh[32h + l].
@@ -188,20 +191,60 @@ int64_t unit_of(int64_t nb, int64_t b) {
 // elements 4s..4s+3 (byte c: element 4s + c). q5 types, one word: byte c,
 // bit s holds bit 4 of element 4s + c (s = 0..7). q6_K, two words: word h,
 // byte c, bits 2s'..2s'+1 hold bits 4..5 of element 16h + 4s' + c (s' = 0..3).
-void spread_high(const LayoutKind& k, const uint8_t* q, uint32_t* words) {
+//
+// Written with word arithmetic (a bit per element at a time was three
+// quarters of the time of laying out a q6_K matrix): bit_plane gathers one
+// bit of each of the 32 elements into a mask, every_fourth picks elements
+// c, c + 4, c + 8, ... out of it.
+
+// Bit e = bit `bit` of q[e].
+uint32_t bit_plane(const uint8_t* q, int bit) {
+    uint32_t m = 0;
+    for (int i = 0; i < 4; ++i) {
+        uint64_t y;
+        std::memcpy(&y, q + 8 * i, 8);
+        const uint64_t b = (y >> bit) & 0x0101010101010101ull;           // one bit per byte
+        m |= uint32_t((b * 0x0102040810204080ull) >> 56) << (8 * i);  // the eight bits side by side
+    }
+    return m;
+}
+
+// Bits 0, 4, 8, ... (n of them, n = 4 or 8) of x, side by side.
+template <int n>
+uint32_t every_fourth(uint32_t x) {
+    x &= n == 8 ? 0x11111111u : 0x1111u;
+    x = (x | x >> 3) & 0x03030303u;
+    x = (x | x >> 6) & 0x000F000Fu;
+    return n == 8 ? (x | x >> 12) & 0xFFu : x & 0xFu;
+}
+
+// Bit i of x (i < 4) to bit 2i.
+uint32_t to_even_bits(uint32_t x) {
+    x = (x | x << 2) & 0x33u;
+    return (x | x << 1) & 0x55u;
+}
+
+template <int kHighWords>
+void spread_high(const uint8_t* q, uint32_t* words) {
     words[0] = words[1] = 0;
-    for (int e = 0; e < 32; ++e) {
-        const int s = e / 4, c = e % 4;
-        if (k.high_words == 1)
-            words[0] |= uint32_t((q[e] >> 4) & 1) << (8 * c + s);
-        else
-            words[s / 4] |= uint32_t((q[e] >> 4) & 3) << (8 * c + 2 * (s % 4));
+    if constexpr (kHighWords == 1) {
+        const uint32_t m = bit_plane(q, 4);
+        for (int c = 0; c < 4; ++c) words[0] |= every_fourth<8>(m >> c) << (8 * c);
+    } else {
+        const uint32_t m4 = bit_plane(q, 4), m5 = bit_plane(q, 5);
+        for (int h = 0; h < 2; ++h)
+            for (int c = 0; c < 4; ++c) {
+                const int at = 16 * h + c;
+                words[h] |= (to_even_bits(every_fourth<4>(m4 >> at)) | to_even_bits(every_fourth<4>(m5 >> at)) << 1)
+                            << (8 * c);
+            }
     }
 }
-void gather_high(const LayoutKind& k, const uint32_t* words, uint8_t* q) {
+template <int kHighWords>
+void gather_high(const uint32_t* words, uint8_t* q) {
     for (int e = 0; e < 32; ++e) {
         const int s = e / 4, c = e % 4;
-        const uint32_t bits = k.high_words == 1 ? (words[0] >> (8 * c + s)) & 1 : (words[s / 4] >> (8 * c + 2 * (s % 4))) & 3;
+        const uint32_t bits = kHighWords == 1 ? (words[0] >> (8 * c + s)) & 1 : (words[s / 4] >> (8 * c + 2 * (s % 4))) & 3;
         q[e] = uint8_t(q[e] | bits << 4);
     }
 }
@@ -222,10 +265,12 @@ struct Place {
 
 // Copies block b of row r (0..15) of a group, whose parts lie at p in the
 // matrix w, between its fields and the layout.
-template <bool kToLayout>
-void move_block(const LayoutKind& k, const detail::GroupPlanes& p, int64_t u, int64_t b,
+template <bool kToLayout, TensorType kType>
+void move_block(const detail::GroupPlanes& p, int64_t u, int64_t b,
                 std::conditional_t<kToLayout, uint8_t*, const uint8_t*> w, int r,
                 std::conditional_t<kToLayout, const Fields&, Fields&> f) {
+    // The type's shape as constants, so that the loops below unroll.
+    constexpr LayoutKind k = detail::layout_of(kType);
     const size_t rows = kGroupRows, unit = size_t(u);
     const size_t scale_unit = k.k_quant ? size_t(b / 8) : unit;
     auto bytes = [&](size_t at, auto* field, size_t n) {
@@ -237,14 +282,14 @@ void move_block(const LayoutKind& k, const detail::GroupPlanes& p, int64_t u, in
     // Quanta: q8_0's bytes plus 128; else the low nibbles of elements i and 16 + i in byte i.
     uint8_t qs[32];
     if constexpr (kToLayout) {
-        if (k.words == 8)
+        if constexpr (k.words == 8)
             for (int i = 0; i < 32; ++i) qs[i] = uint8_t(f.q[i] ^ 0x80);
         else
             for (int i = 0; i < 16; ++i) qs[i] = uint8_t((f.q[i] & 0xF) | (f.q[16 + i] & 0xF) << 4);
     }
     for (int i = 0; i < k.words; ++i) bytes(p.qs + (unit * size_t(k.words) + size_t(i)) * 4 * rows + size_t(r) * 4, qs + 4 * i, 4);
     if constexpr (!kToLayout) {
-        if (k.words == 8) {
+        if constexpr (k.words == 8) {
             for (int i = 0; i < 32; ++i) f.q[i] = uint8_t(qs[i] ^ 0x80);
         } else {
             for (int i = 0; i < 16; ++i) {
@@ -253,12 +298,12 @@ void move_block(const LayoutKind& k, const detail::GroupPlanes& p, int64_t u, in
             }
         }
     }
-    if (k.high_words) {
+    if constexpr (k.high_words > 0) {
         uint32_t words[2];
-        if constexpr (kToLayout) spread_high(k, f.q, words);
+        if constexpr (kToLayout) spread_high<k.high_words>(f.q, words);
         for (int h = 0; h < k.high_words; ++h)
             bytes(p.qh + (unit * size_t(k.high_words) + size_t(h)) * 4 * rows + size_t(r) * 4, &words[h], 4);
-        if constexpr (!kToLayout) gather_high(k, words, f.q);
+        if constexpr (!kToLayout) gather_high<k.high_words>(words, f.q);
     }
     bytes(p.d + scale_unit * 2 * rows + size_t(r) * 2, &f.d, 2);
     if (k.has_min) bytes(p.m + scale_unit * 2 * rows + size_t(r) * 2, &f.m, 2);
@@ -275,7 +320,7 @@ struct Rows {
         for (int64_t b0 = 0; b0 < p.nb; b0 += Codec::kBlocks) {
             Codec::decode(row + size_t(b0 / Codec::kBlocks) * Codec::kBytes, f);
             for (int j = 0; j < Codec::kBlocks; ++j)
-                move_block<true>(p.k, planes, p.unit[size_t(b0 + j)], b0 + j, w, r, f[j]);
+                move_block<true, Codec::kLayout>(planes, p.unit[size_t(b0 + j)], b0 + j, w, r, f[j]);
         }
     }
     static void read(const Place& p, const uint8_t* w, int64_t g, int r, uint8_t* row) {
@@ -283,7 +328,7 @@ struct Rows {
         Fields f[Codec::kBlocks];
         for (int64_t b0 = 0; b0 < p.nb; b0 += Codec::kBlocks) {
             for (int j = 0; j < Codec::kBlocks; ++j)
-                move_block<false>(p.k, planes, p.unit[size_t(b0 + j)], b0 + j, w, r, f[j]);
+                move_block<false, Codec::kLayout>(planes, p.unit[size_t(b0 + j)], b0 + j, w, r, f[j]);
             Codec::encode(f, row + size_t(b0 / Codec::kBlocks) * Codec::kBytes);
         }
     }

@@ -36,6 +36,12 @@ static constexpr bool layout_kind(TensorType type, LayoutKind& k) {
     }
 }
 
+static constexpr LayoutKind layout_of(TensorType type) {
+    LayoutKind k;
+    layout_kind(type, k);
+    return k;
+}
+
 // One group's bytes of each part (nb blocks, a multiple of 8 for K-quants).
 struct PartBytes {
     size_t qs = 0;  // quanta: nb units of words * 64 bytes
