@@ -9,6 +9,7 @@
 // only where sm90_code_runs_here() (launch.cuh).
 #pragma once
 
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -60,6 +61,15 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, unsigned phase) {
 // into the same bytes (the copies write through the async proxy).
 __device__ __forceinline__ void fence_shared_for_bulk_copies() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// A 2-D box of the tensor map at column x, row y into dst, counted by bar.
+__device__ __forceinline__ void tensor_copy(void* dst, const CUtensorMap& map, int x, int y, uint64_t* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+            smem_addr(dst)),
+        "l"(reinterpret_cast<uint64_t>(&map)), "r"(x), "r"(y), "r"(smem_addr(bar))
+        : "memory");
 }
 
 #endif  // sm_90

@@ -1,5 +1,4 @@
 // Which launch features the current device runs, and its SM count (launch.cuh).
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -13,20 +12,26 @@ __global__ void probe_kernel() {}
 
 }  // namespace
 
-bool sm90_code_runs_here() {
-    constexpr int kDevices = 64;
-    static std::atomic<int> known[kDevices];  // 0: not asked yet, 1: runs, 2: does not
+bool ask_once_per_device(PerDeviceAnswers& answers, bool (*probe)(int device)) {
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess) return false;
-    if (dev >= 0 && dev < kDevices)
-        if (const int k = known[dev].load(std::memory_order_relaxed); k != 0) return k == 1;
+    const bool slot = dev >= 0 && dev < PerDeviceAnswers::kDevices;
+    if (slot)
+        if (const int k = answers.known[dev].load(std::memory_order_relaxed); k != 0) return k == 1;
+    const bool yes = probe(dev);
+    if (slot) answers.known[dev].store(yes ? 1 : 2, std::memory_order_relaxed);
+    return yes;
+}
+
+bool sm90_code_runs_here() {
+    static PerDeviceAnswers answers;
     // ptxVersion is the virtual architecture the code was compiled for (what
     // __CUDA_ARCH__ said); binaryVersion the machine code the device runs.
-    cudaFuncAttributes fa{};
-    const bool runs =
-        cudaFuncGetAttributes(&fa, probe_kernel) == cudaSuccess && fa.ptxVersion >= 90 && fa.binaryVersion >= 90;
-    if (dev >= 0 && dev < kDevices) known[dev].store(runs ? 1 : 2, std::memory_order_relaxed);
-    return runs;
+    return ask_once_per_device(answers, [](int) {
+        cudaFuncAttributes fa{};
+        return cudaFuncGetAttributes(&fa, probe_kernel) == cudaSuccess && fa.ptxVersion >= 90 &&
+               fa.binaryVersion >= 90;
+    });
 }
 
 int current_sm_count() {

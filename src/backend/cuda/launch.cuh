@@ -31,6 +31,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <utility>
 
 namespace tern::cuda {
@@ -63,6 +64,15 @@ bool early_reads_on();
 
 // The current device's streaming multiprocessors (0 where it cannot be asked).
 int current_sm_count();
+
+// probe(device) for the current device, asked once per device and
+// remembered in `known` (0: not asked yet, 1: true, 2: false); false where
+// there is no current device.
+struct PerDeviceAnswers {
+    static constexpr int kDevices = 64;
+    std::atomic<int> known[kDevices];
+};
+bool ask_once_per_device(PerDeviceAnswers& answers, bool (*probe)(int device));
 
 // True where code compiled for sm_90 or newer runs on the current device
 // (machine code, or PTX of compute_90 or newer compiled for it); cached per

@@ -25,9 +25,12 @@
 #include "backend/cuda/block_decode.cuh"
 #include "backend/cuda/bulk_copy.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/lane_row.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/ldmatrix.cuh"
 #include "backend/cuda/mma_int8.cuh"
+#include "backend/cuda/super_block_ring.cuh"
+#include "backend/cuda/tensor_map.h"
 
 namespace tern::cuda {
 namespace {
@@ -35,122 +38,6 @@ namespace {
 constexpr int kRows = 32;   // rows per CTA: a warp's two 16-row mma slices
 constexpr int kWarps = 8;   // super-blocks in flight per CTA (a window)
 constexpr int kThreads = kWarps * 32;
-
-template <bool kAligned4>
-__device__ __forceinline__ int word_at(const uint8_t* p) {
-    return kAligned4 ? u32_at4(p) : u32_at2(p);
-}
-
-// One row's super-block as lane (g, tig) needs it: the words holding
-// elements 4tig..4tig+3 (half 0) and 16+4tig..16+4tig+3 (half 1) of each of
-// the eight 32-element sub-blocks, the scales and the float scales. vals(j,
-// half) is those four elements as int8; scale(j, half) their integer scale.
-template <WType T, bool WIDE>
-struct LaneRow;
-
-// q4_K / q5_K: header words (d, dmin; scales and mins packed as
-// quant/kquant_scales.h), then per 32-byte run r the low nibbles of sub-block
-// 2r and the high nibbles of 2r + 1. The header is unpacked once a
-// super-block, the eight 6-bit scales and the eight mins a byte each in two
-// words apiece (a handful of word operations for all sixteen, where unpacking
-// sub-block by sub-block took several per value); a sub-block then takes its
-// scale, and its min repeated in every byte, with one byte operation each.
-struct K4Header {
-    int dm;     // d (low half) and dmin (high half), f16
-    int sc[2];  // scale of sub-block j in byte j % 4 of sc[j / 4]
-    int mn[2];  // min of sub-block j, likewise
-    __device__ void load(const uint8_t* sb) {
-        const int4 v = *reinterpret_cast<const int4*>(sb);  // 144 / 176-byte blocks keep 16-byte alignment
-        dm = v.x;
-        // j < 4: the low six bits of bytes j (scales) and 4 + j (mins). j >= 4:
-        // the nibbles of byte 8 + j - 4 below, the top two bits of bytes j - 4
-        // (scales) and j (mins) above.
-        sc[0] = v.y & 0x3F3F3F3F;
-        mn[0] = v.z & 0x3F3F3F3F;
-        sc[1] = (v.w & 0x0F0F0F0F) | ((v.y >> 2) & 0x30303030);
-        mn[1] = ((v.w >> 4) & 0x0F0F0F0F) | ((v.z >> 2) & 0x30303030);
-    }
-    __device__ float d() const { return __half2float(__ushort_as_half(uint16_t(dm & 0xFFFF))); }
-    __device__ float dmin() const { return __half2float(__ushort_as_half(uint16_t(uint32_t(dm) >> 16))); }
-    __device__ int scale(int j) const { return (sc[j >> 2] >> (8 * (j & 3))) & 0xFF; }
-    // The min of sub-block j in every byte: one more int8 mma operand.
-    __device__ int min_bytes(int j) const { return int(__byte_perm(uint32_t(mn[j >> 2]), 0u, 0x1111u * uint32_t(j & 3))); }
-    // The eight mins, a byte each, for __dp2a against the block sums.
-    __device__ int2 mins() const { return make_int2(mn[0], mn[1]); }
-};
-
-template <>
-struct LaneRow<WType::Q4_K, false> {
-    K4Header hd;
-    int qs[4][2];  // [run][half]
-    __device__ void load(const uint8_t* sb, int tig) {
-        hd.load(sb);
-#pragma unroll
-        for (int r = 0; r < 4; ++r)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) qs[r][h] = u32_at4(sb + 16 + 32 * r + 16 * h + 4 * tig);
-    }
-    __device__ int vals(int j, int half) const { return (qs[j >> 1][half] >> (4 * (j & 1))) & 0x0F0F0F0F; }
-    __device__ int scale(int j, int) const { return hd.scale(j); }
-};
-
-template <>
-struct LaneRow<WType::Q5_K, false> {
-    K4Header hd;
-    int qh[2];     // bit j of byte i: the fifth bit of element i of sub-block j
-    int qs[4][2];
-    __device__ void load(const uint8_t* sb, int tig) {
-        hd.load(sb);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) qh[h] = u32_at4(sb + 16 + 16 * h + 4 * tig);
-#pragma unroll
-        for (int r = 0; r < 4; ++r)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) qs[r][h] = u32_at4(sb + 48 + 32 * r + 16 * h + 4 * tig);
-    }
-    __device__ int vals(int j, int half) const {
-        return ((qs[j >> 1][half] >> (4 * (j & 1))) & 0x0F0F0F0F) | (((qh[half] >> j) & 0x01010101) << 4);
-    }
-    __device__ int scale(int j, int) const { return hd.scale(j); }
-};
-
-// q6_K: ql (low nibbles of sub-blocks 4h + q, q = 0..3, in two 32-byte runs
-// per half h), qh (two bits per element), sixteen int8 scales (one per
-// 16-element half), d. WIDE: the padded layout, 4-byte loads legal.
-template <bool WIDE>
-struct LaneRowQ6 {
-    int ql[2][2][2];  // [h][q & 1][half]
-    int qh[2][2];     // [h][half]
-    int sc[4];        // sixteen int8 scales
-    float d;
-    __device__ void load(const uint8_t* sb, int tig) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-#pragma unroll
-                for (int q = 0; q < 2; ++q) ql[h][q][half] = word_at<WIDE>(sb + 64 * h + 32 * q + 16 * half + 4 * tig);
-                qh[h][half] = word_at<WIDE>(sb + 128 + 32 * h + 16 * half + 4 * tig);
-            }
-#pragma unroll
-        for (int i = 0; i < 4; ++i) sc[i] = word_at<WIDE>(sb + 192 + 4 * i);
-        d = f16_at(sb + 208);
-    }
-    __device__ int vals(int j, int half) const {
-        const int h = j >> 2, q = j & 3;
-        const int lo = (ql[h][q & 1][half] >> (4 * (q >> 1))) & 0x0F0F0F0F;
-        const int hi = (qh[h][half] >> (2 * q)) & 0x03030303;
-        return __vsub4(lo | (hi << 4), 0x20202020);
-    }
-    __device__ int scale(int j, int half) const {
-        const int i = 2 * j + half;
-        return int(int8_t(uint32_t(sc[i >> 2]) >> (8 * (i & 3))));
-    }
-};
-template <>
-struct LaneRow<WType::Q6_K, false> : LaneRowQ6<false> {};
-template <>
-struct LaneRow<WType::Q6_K, true> : LaneRowQ6<true> {};
 
 // One warp's super-block results, per (token, row) of the CTA's tile, and
 // the tokens' sums and scales it read; NT tokens (a multiple of 8).
@@ -544,9 +431,6 @@ __global__ void __launch_bounds__(kThreads) mmq_batch_staged_kernel(DevWeight w,
 
 constexpr int kStreamSmem = 100 * 1024;  // stage ring per CTA: two CTAs an SM
 
-// The registered block the copies take whole: q6_K's padded one only.
-constexpr int stream_block_bytes(WType t) { return t == WType::Q4_K ? 144 : t == WType::Q5_K ? 176 : 224; }
-
 template <WType T, bool WIDE, int NT>
 struct Stream {
     static constexpr int kTiles = NT / 8;
@@ -558,32 +442,11 @@ struct Stream {
     static constexpr int kTilesPerWarp = (kTiles + kGroups - 1) / kGroups;
     static constexpr int kConsumers = 2 * kGroups;
     static constexpr int kThreads = 32 * (kConsumers + 1);  // and the producer
-    static constexpr int kBlockBytes = stream_block_bytes(T);
-    // A stage: the tokens' first and second 128-byte halves of the
-    // super-block, each as 128-byte rows swizzled by the copy (16-byte chunk
-    // c of token t at c ^ (t & 7): ldmatrix's eight rows on distinct banks),
-    // then the rows' blocks, then each token's eight block scales.
-    static constexpr int kHalfBytes = NT * 128;
-    static constexpr int kWeightOffset = 2 * kHalfBytes;
-    static constexpr int kScaleOffset = kWeightOffset + kRows * kBlockBytes;
-    static constexpr int kCopyBytes = kScaleOffset + NT * 32;
-    static constexpr int kStageBytes = (kCopyBytes + 1023) / 1024 * 1024;  // swizzled copies land 1024-aligned
-    static constexpr int kStages = kStreamSmem / kStageBytes < 8 ? kStreamSmem / kStageBytes : 8;
-    static constexpr int kSmem = 1024 + kStages * kStageBytes + 2 * kStages * int(sizeof(uint64_t));
-    static_assert(kStages >= 2, "a ring of at least two stages");
-    static_assert(kWeightOffset % 128 == 0 && kScaleOffset % 128 == 0, "tensor copies land 128-byte aligned");
+    static constexpr int kBlockBytes = ring_block_bytes(T);
+    using Ring = SuperBlockRing<kRows, kBlockBytes, NT, kStreamSmem>;
 };
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-
-// A 2-D box of the tensor map at column x, row y into dst, counted by bar.
-__device__ __forceinline__ void tensor_copy(void* dst, const CUtensorMap& map, int x, int y, uint64_t* bar) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
-            smem_addr(dst)),
-        "l"(reinterpret_cast<uint64_t>(&map)), "r"(x), "r"(y), "r"(smem_addr(bar))
-        : "memory");
-}
 
 // A consumer warp's super-block: rows 16mi.. of the stage against its token
 // tiles th, th + kGroups; each output's term chained into acc.
@@ -591,17 +454,18 @@ template <WType T, bool WIDE, int NT>
 __device__ __forceinline__ void stream_super_block(const unsigned char* st, int mi, int th,
                                                    float (&acc)[Stream<T, WIDE, NT>::kTilesPerWarp][4]) {
     using S = Stream<T, WIDE, NT>;
+    using R = typename S::Ring;
     constexpr bool has_min = T != WType::Q6_K;
     constexpr int QW = S::kTilesPerWarp;
     const int lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
     // ldmatrix: lanes 8m..8m+7 address token row (lane & 7) of matrix m,
     // bytes 16m.. of sub-blocks j, j + 1: chunk 2(j % 4) + m of half j / 4.
     const int lrow = lane & 7, lm = lane >> 3;
-    const float* scale = reinterpret_cast<const float*>(st + S::kScaleOffset);
+    const float* scale = reinterpret_cast<const float*>(st + R::kScaleOffset);
 
     LaneRow<T, WIDE> rw[2];  // rows 16mi + g, 16mi + g + 8
 #pragma unroll
-    for (int h = 0; h < 2; ++h) rw[h].load(st + S::kWeightOffset + (16 * mi + g + 8 * h) * S::kBlockBytes, tig);
+    for (int h = 0; h < 2; ++h) rw[h].load(st + R::kWeightOffset + (16 * mi + g + 8 * h) * S::kBlockBytes, tig);
 
     // Whether tile q of this warp exists: always where the warps split the
     // tiles evenly, and then known at compile time, so the sub-block's
@@ -619,7 +483,7 @@ __device__ __forceinline__ void stream_super_block(const unsigned char* st, int 
 #pragma unroll
         for (int q = 0; q < QW; ++q)
             if (has_tile(q))
-                ldmatrix_x4(b[q], st + (j >> 2) * S::kHalfBytes + (8 * (th + S::kGroups * q) + lrow) * 128 + 16 * chunk);
+                ldmatrix_x4(b[q], st + (j >> 2) * R::kHalfBytes + (8 * (th + S::kGroups * q) + lrow) * 128 + 16 * chunk);
 #pragma unroll
         for (int jj = 0; jj < 2; ++jj) {
             const SubBlockRows<T, WIDE> sb(rw[0], rw[1], j + jj);
@@ -664,31 +528,15 @@ __global__ void __launch_bounds__(Stream<T, WIDE, NT>::kThreads, 2)
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
     using S = Stream<T, WIDE, NT>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    unsigned char* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);
-    uint64_t* full = reinterpret_cast<uint64_t*>(smem + S::kStages * S::kStageBytes);  // a stage has landed
-    uint64_t* empty = full + S::kStages;                                                // its consumers are done
+    const typename S::Ring ring(smem_raw);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int row0 = int(blockIdx.x) * kRows;
-    if (threadIdx.x == 0)
-        for (int s = 0; s < S::kStages; ++s) {
-            mbarrier_init(&full[s]);
-            mbarrier_init(&empty[s], S::kConsumers);
-        }
+    if (threadIdx.x == 0) ring.init(S::kConsumers);
     __syncthreads();
 
     if (warp == S::kConsumers) {
         if (lane != 0) return;
-        for (int kc = 0; kc < nsb; ++kc) {
-            const int s = kc % S::kStages;
-            const unsigned use = unsigned(kc / S::kStages);
-            if (use > 0) mbarrier_wait(&empty[s], (use - 1) & 1);
-            unsigned char* st = smem + s * S::kStageBytes;
-            mbarrier_expect_bytes(&full[s], S::kCopyBytes);
-            tensor_copy(st, qmap, 256 * kc, 0, &full[s]);
-            tensor_copy(st + S::kHalfBytes, qmap, 256 * kc + 128, 0, &full[s]);
-            tensor_copy(st + S::kWeightOffset, wmap, S::kBlockBytes * kc, row0, &full[s]);
-            tensor_copy(st + S::kScaleOffset, dmap, 8 * kc, 0, &full[s]);
-        }
+        for (int kc = 0; kc < nsb; ++kc) ring.produce(kc, wmap, qmap, dmap, row0, 0);
         return;
     }
 
@@ -699,12 +547,8 @@ __global__ void __launch_bounds__(Stream<T, WIDE, NT>::kThreads, 2)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[q][e] = 0.0f;
     for (int kc = 0; kc < nsb; ++kc) {
-        const int s = kc % S::kStages;
-        mbarrier_wait(&full[s], unsigned(kc / S::kStages) & 1);
-        stream_super_block<T, WIDE, NT>(smem + s * S::kStageBytes, mi, th, acc);
-        fence_shared_for_bulk_copies();  // this stage's reads before its next copies
-        __syncwarp();
-        if (lane == 0) mbarrier_arrive(&empty[s]);
+        stream_super_block<T, WIDE, NT>(ring.wait_full(kc), mi, th, acc);
+        ring.release(kc);
     }
 
     const int g = lane >> 2, tig = lane & 3;
@@ -717,40 +561,6 @@ __global__ void __launch_bounds__(Stream<T, WIDE, NT>::kThreads, 2)
             if (t < n && row < rows) y[int64_t(t) * y_stride + row] = acc[q][e];
         }
 #endif
-}
-
-// cuTensorMapEncodeTiled through the runtime (no link to the driver
-// library); null where the driver lacks it.
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-    static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-        void* p = nullptr;
-        cudaDriverEntryPointQueryResult q{};
-#if CUDART_VERSION >= 12050
-        const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q);
-#else
-        const cudaError_t e = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &p, cudaEnableDefault, &q);
-#endif
-        if (e != cudaSuccess || q != cudaDriverEntryPointSuccess) {
-            cudaGetLastError();  // not the error of a later launch
-            p = nullptr;
-        }
-        return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
-    }();
-    return fn;
-}
-
-// A row-major 2-D map: `rows` rows of `cols` elements, `stride` bytes apart,
-// copied in boxes of box_cols x box_rows (zeros past either end).
-bool encode_map(CUtensorMap& map, CUtensorMapDataType type, const void* base, uint64_t cols, uint64_t rows,
-                uint64_t stride, uint32_t box_cols, uint32_t box_rows, CUtensorMapSwizzle swizzle) {
-    const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-    if (!encode) return false;
-    const cuuint64_t dims[2] = {cols, rows};
-    const cuuint64_t strides[1] = {stride};
-    const cuuint32_t box[2] = {box_cols, box_rows};
-    const cuuint32_t unit[2] = {1, 1};
-    return encode(&map, type, 2, const_cast<void*>(base), dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                  swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 // Fewest tokens that take the streamed kernel. From 32 when it came (at 24
@@ -771,17 +581,12 @@ int stream_from() {
 template <WType T, bool WIDE, int NT>
 bool launch_stream(const DevWeight& w, const DevAct& a, int n, float* y, int64_t ys, cudaStream_t s) {
     using S = Stream<T, WIDE, NT>;
-    CUtensorMap wmap, qmap, dmap;
-    if (!encode_map(wmap, CU_TENSOR_MAP_DATA_TYPE_UINT8, w.data, uint64_t(w.row_stride), uint64_t(w.rows),
-                    uint64_t(w.row_stride), S::kBlockBytes, kRows, CU_TENSOR_MAP_SWIZZLE_NONE) ||
-        !encode_map(qmap, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.qs, uint64_t(a.blocks) * 32, uint64_t(n),
-                    uint64_t(a.blocks) * 32, 128, NT, CU_TENSOR_MAP_SWIZZLE_128B) ||
-        !encode_map(dmap, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, a.d, uint64_t(a.blocks), uint64_t(n),
-                    uint64_t(a.blocks) * 4, 8, NT, CU_TENSOR_MAP_SWIZZLE_NONE))
-        return false;
+    RingMaps maps;
+    if (!encode_ring_maps(maps, w, kRows, a, n, NT)) return false;
     const unsigned grid = unsigned((w.rows + kRows - 1) / kRows);
-    cudaFuncSetAttribute(mmq_batch_stream_kernel<T, WIDE, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem);
-    launch_in_order(mmq_batch_stream_kernel<T, WIDE, NT>, grid, S::kThreads, S::kSmem, s, wmap, qmap, dmap, w.rows,
+    constexpr int smem = S::Ring::kSmem;
+    cudaFuncSetAttribute(mmq_batch_stream_kernel<T, WIDE, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    launch_in_order(mmq_batch_stream_kernel<T, WIDE, NT>, grid, S::kThreads, smem, s, maps.w, maps.q, maps.d, w.rows,
                     int(w.cols / 256), n, y, ys);
     return true;
 }
@@ -826,7 +631,7 @@ bool mmq_batch_type(WType t) { return t == WType::Q4_K || t == WType::Q5_K || t 
 
 bool mmq_batch_streams(const DevWeight& w, int n) {
     if (!mmq_batch_type(w.type) || n < 1 || n > kMmqBatchMaxTokens) return false;
-    return n >= stream_from() && w.block_stride == stream_block_bytes(w.type) && w.row_stride % 16 == 0 &&
+    return n >= stream_from() && w.block_stride == ring_block_bytes(w.type) && w.row_stride % 16 == 0 &&
            reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && sm90_code_runs_here() && tensor_map_encoder();
 }
 
