@@ -4,7 +4,9 @@
 //                 quantize_act8: one scale per 256 elements, the K-quants' grouping)
 //   mmvq          decode matmul, 1..8 tokens: weight-bandwidth bound (% of the copy floor)
 //   mmqb          mmq_batch, the K-quants' decode-batch matmul, 1..64 tokens (% of the copy floor)
-//   mmq           prefill matmul on int8 tensor cores (% of the int8 floor)
+//   mmq           prefill matmul on int8 tensor cores (% of the int8 floor): on
+//                 compute capability 9.0 the K-quants take the wgmma kernel
+//   mmqs          the mma.sync kernel mmq falls back to, beside it where they differ
 // Weights: random normals quantized by quant::quantize_row (q6_K also padded to
 // 224-byte blocks on the device by cuda::pad_q6_K). Every launch configuration
 // is validated before it is timed: 64 sampled (row, token) outputs must have
@@ -190,8 +192,10 @@ void make_weight_sets(WeightSets& ws, const TypeCase& tc, const HostWeights& w, 
 
 // ---- one shape ------------------------------------------------------------------------
 
-enum class Op { mmvq, mmq, mmqb };
-const char* op_name(Op op) { return op == Op::mmvq ? "mmvq" : op == Op::mmq ? "mmq" : "mmqb"; }
+enum class Op { mmvq, mmq, mmqb, mmqs };
+const char* op_name(Op op) {
+    return op == Op::mmvq ? "mmvq" : op == Op::mmq ? "mmq" : op == Op::mmqb ? "mmqb" : "mmqs";
+}
 
 struct Bench {
     const TypeCase& tc;
@@ -211,6 +215,8 @@ struct Bench {
             cuda::mmvq(wv, acts.view(s), int(n), y[s].get(), shape.rows, stream);
         else if (op == Op::mmqb)
             cuda::mmq_batch(wv, acts.view(s), int(n), y[s].get(), shape.rows, stream);
+        else if (op == Op::mmqs)
+            cuda::mmq_mma_sync(wv, acts.view(s), n, y[s].get(), shape.rows, stream);
         else
             cuda::mmq(wv, acts.view(s), n, y[s].get(), shape.rows, stream);
     }
@@ -282,7 +288,7 @@ void print_row(const char* type, const char* shape, int64_t rows, int64_t cols, 
     }
     const double s = t.median_us * 1e-6;
     const double gbps = bytes / s / 1e9, tops = 2.0 * double(rows) * double(cols) * double(n) / s / 1e12;
-    const bool is_mmq = std::strcmp(op, "mmq") == 0;
+    const bool is_mmq = std::strcmp(op, "mmq") == 0 || std::strcmp(op, "mmqs") == 0;
     std::printf("%-9s %-8s %12s %-5s %5" PRId64 " %10.2f %8.1f %7.2f %8s %7d%s\n", type, shape, dims, op, n,
                 t.median_us, gbps, tops, percent(is_mmq ? tops : gbps, floor).c_str(), sets,
                 t.held ? "" : "  (launches not all queued in time)");
@@ -408,14 +414,19 @@ int main(int argc, char** argv) {
                 const Timing& t = b.measure(op, n);
                 const double bytes = double(ws.bytes) + double(n) * double(shape.cols / 32) * 40.0 +
                                      double(n) * double(shape.rows) * 4.0;
+                const bool tensor = op == Op::mmq || op == Op::mmqs;
                 print_row(tc.name, shape.name, shape.rows, shape.cols, op_name(op), n, t, bytes,
-                          op == Op::mmq ? floors.int8_TOPS : floors.copy_GBps, sets);
+                          tensor ? floors.int8_TOPS : floors.copy_GBps, sets);
             };
             const bool batch = cuda::mmq_batch_type(tc.type);
             for (int64_t n : mmvq_tokens) row(Op::mmvq, n);
             if (batch)
                 for (int64_t n : mmqb_tokens) row(Op::mmqb, n);
-            for (int64_t n : mmq_tokens) row(Op::mmq, n);
+            for (int64_t n : mmq_tokens) {
+                row(Op::mmq, n);
+                if (cuda::mmq_wgmma_runs(ws.views[0], acts.at({shape.cols, cuda::act_group(tc.type)}).view(0), n))
+                    row(Op::mmqs, n);
+            }
 
             // Crossovers: each kernel against mmvq at 1..8 tokens.
             auto crossover = [&](Op other) {

@@ -25,6 +25,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <iterator>
 #include <limits>
@@ -377,7 +378,7 @@ struct Shape {
 // lengths 256, 576 (18 blocks: two chunks and a ragged one; legacy types
 // only), 4096 and 11008 (43 super-blocks).
 const Shape kShapes[] = {
-    {1, 256, {}},       {37, 576, {}},         {130, 4096, {512, 2048}}, {4096, 256, {512}},
+    {1, 256, {}},       {37, 576, {}},         {130, 4096, {200, 512, 2048}}, {4096, 256, {512}},
     {37, 11008, {2048}}, {1, 4096, {}},          {4096, 11008, {}},
 };
 constexpr int64_t kMmvqTokens[] = {1, 3, 8};
@@ -386,8 +387,17 @@ constexpr int64_t kMmqTokens[] = {1, 3, 8, 17, 64, 65};  // one token tile (32-r
 // sides of the streamed kernel's threshold (15, 16).
 constexpr int64_t kMmqBatchTokens[] = {1, 2, 7, 8, 9, 15, 16, 23, 31, 32, 33, 40, 47, 56, 63, 64};
 
-enum class IntKernel { mmvq, mmq_batch, mmq };
-const char* kernel_name(IntKernel k) { return k == IntKernel::mmvq ? "mmvq" : k == IntKernel::mmq ? "mmq" : "mmq_batch"; }
+// mmq_sync: mmq's mma.sync kernel, which mmq takes only where its wgmma
+// kernel does not run; called directly beside it so both stay tested on Hopper.
+enum class IntKernel { mmvq, mmq_batch, mmq, mmq_sync };
+const char* kernel_name(IntKernel k) {
+    switch (k) {
+        case IntKernel::mmvq: return "mmvq";
+        case IntKernel::mmq_batch: return "mmq_batch";
+        case IntKernel::mmq: return "mmq";
+        default: return "mmq_sync";
+    }
+}
 
 // One launch on a poisoned output with a gap after every token's row
 // (y_stride = rows + 3) and two rows past n_tokens; checked against ref.
@@ -398,6 +408,8 @@ void run_and_check(IntKernel k, const cuda::DevWeight& w, const cuda::DevAct& a,
     y.poison();
     if (k == IntKernel::mmq)
         cuda::mmq(w, a, n, y.get(), stride, nullptr);
+    else if (k == IntKernel::mmq_sync)
+        cuda::mmq_mma_sync(w, a, n, y.get(), stride, nullptr);
     else if (k == IntKernel::mmq_batch)
         cuda::mmq_batch(w, a, int(n), y.get(), stride, nullptr);
     else
@@ -452,9 +464,56 @@ TEST_P(CudaIntMatmul, EveryOutputHasTheCpuTwinsBits) {
             for (int64_t n : kMmqBatchTokens) check(IntKernel::mmq_batch, n);
         std::vector<int64_t> mmq_tokens(std::begin(kMmqTokens), std::end(kMmqTokens));
         mmq_tokens.insert(mmq_tokens.end(), s.big_tokens.begin(), s.big_tokens.end());
-        for (int64_t n : mmq_tokens) check(IntKernel::mmq, n);
+        for (int64_t n : mmq_tokens) {
+            check(IntKernel::mmq, n);
+            if (cuda::mmq_wgmma_runs(dw.view, da, n)) check(IntKernel::mmq_sync, n);
+        }
         if (HasFatalFailure()) return;
     }
+}
+
+// mmq's wgmma kernel is chosen on compute capability 9.0 (unless switched off)
+// for the K-quants it serves, and for nothing else: where the device is a
+// Hopper and the kernel does not run (its machine code missing, say), the
+// mmq tests above would pass on the fallback alone, so this one fails instead.
+TEST_F(CudaMatmul, WgmmaKernelRunsWhereTheDeviceIsHopper) {
+    int dev = 0, major = 0, minor = 0;
+    CUDA_OK(cudaGetDevice(&dev));
+    CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    CUDA_OK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    const char* off = std::getenv("TERN_MMQ_WGMMA");
+    const bool hopper = major == 9 && minor == 0 && !(off && std::string(off) == "0");
+    DeviceBuffer<uint8_t> buf(size_t(1) << 20);
+    ASSERT_NE(buf.get(), nullptr);
+    cuda::DevAct a;
+    a.qs = reinterpret_cast<int8_t*>(buf.get());
+    a.d = reinterpret_cast<float*>(buf.get() + (size_t(1) << 19));
+    a.sum = reinterpret_cast<int32_t*>(buf.get() + (size_t(3) << 18));
+    a.blocks = 4096 / 32;
+    a.group = 8;
+    auto weight = [&](WType t, int block_stride) {
+        cuda::DevWeight w;
+        w.type = t;
+        w.rows = 130;
+        w.cols = 4096;
+        w.data = buf.get();
+        w.block_stride = block_stride;
+        w.row_stride = int64_t(block_stride) * (4096 / 256);
+        return w;
+    };
+    for (int64_t n : {1, 64, 2048}) {
+        EXPECT_EQ(cuda::mmq_wgmma_runs(weight(WType::Q4_K, 144), a, n), hopper) << n << " tokens";
+        EXPECT_EQ(cuda::mmq_wgmma_runs(weight(WType::Q5_K, 176), a, n), hopper) << n << " tokens";
+        EXPECT_EQ(cuda::mmq_wgmma_runs(weight(WType::Q6_K, 224), a, n), hopper) << n << " tokens";
+        EXPECT_FALSE(cuda::mmq_wgmma_runs(weight(WType::Q6_K, 210), a, n)) << "q6_K in the file's layout";
+    }
+    cuda::DevAct ungrouped = a;
+    ungrouped.group = 1;
+    EXPECT_FALSE(cuda::mmq_wgmma_runs(weight(WType::Q4_K, 144), ungrouped, 512)) << "activations of group 1";
+    cuda::DevAct legacy = ungrouped;
+    cuda::DevWeight q8 = weight(WType::Q8_0, 34);
+    q8.row_stride = 34 * (4096 / 32);
+    EXPECT_FALSE(cuda::mmq_wgmma_runs(q8, legacy, 512)) << "a legacy type";
 }
 
 // mmvq_parts: three matrices of one type (ragged row counts, the first CTA

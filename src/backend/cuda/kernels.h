@@ -101,8 +101,19 @@ bool mmq_batch_type(WType t);
 // past 32 tokens: in the 7B step that beat sending them to mmq (LOG g43).
 bool mmq_batch_streams(const DevWeight& w, int n_tokens);
 void mmq_batch(const DevWeight& w, const DevAct& a, int n_tokens, float* y, int64_t y_stride, cudaStream_t stream);
-// mmq: any number of tokens, int8 tensor cores (prefill).
+// mmq: any number of tokens, int8 tensor cores (prefill): mmq_wgmma where it
+// runs, else mmq_mma_sync. Both give the bits of the order above.
 void mmq(const DevWeight& w, const DevAct& a, int64_t n_tokens, float* y, int64_t y_stride, cudaStream_t stream);
+// The warp-level kernel (mma.sync, sm_80+), every integer type.
+void mmq_mma_sync(const DevWeight& w, const DevAct& a, int64_t n_tokens, float* y, int64_t y_stride,
+                  cudaStream_t stream);
+// Hopper's warpgroup kernel (wgmma, sm_90a code on compute capability 9.0):
+// q4_K, q5_K and padded q6_K with 16-byte aligned weights and activations.
+// TERN_MMQ_WGMMA=0 turns it off (A/B runs). mmq_wgmma launches nothing and
+// returns false where it does not run.
+bool mmq_wgmma_runs(const DevWeight& w, const DevAct& a, int64_t n_tokens);
+bool mmq_wgmma(const DevWeight& w, const DevAct& a, int64_t n_tokens, float* y, int64_t y_stride,
+               cudaStream_t stream);
 
 // ---- mixture of experts (Backend::route_experts and what follows it) ----
 // A routed row ("pair") p = t*k + j is token t's j-th expert, ids[p].

@@ -446,12 +446,17 @@ void mmq_experts(const uint8_t* const* experts, const DevWeight& w, const DevAct
     });
 }
 
-void mmq(const DevWeight& w, const DevAct& a, int64_t n, float* y, int64_t ys, cudaStream_t s) {
+void mmq_mma_sync(const DevWeight& w, const DevAct& a, int64_t n, float* y, int64_t ys, cudaStream_t s) {
     if (n < 1 || w.rows < 1) return;
     dispatch_int_type(w.type, w.block_stride, [&](auto tag) {
         using Tag = decltype(tag);
         launch_for<Tag::type, Tag::wide>(w, a, n, y, ys, s);
     });
+}
+
+void mmq(const DevWeight& w, const DevAct& a, int64_t n, float* y, int64_t ys, cudaStream_t s) {
+    if (n < 1 || w.rows < 1) return;
+    if (!mmq_wgmma(w, a, n, y, ys, s)) mmq_mma_sync(w, a, n, y, ys, s);
 }
 
 }  // namespace tern::cuda
