@@ -273,12 +273,12 @@ struct Bench {
 };
 
 void print_header() {
-    std::printf("%-9s %-8s %12s %-5s %5s %10s %8s %7s %8s %7s\n", "type", "shape", "rows x cols", "op", "tok", "us",
-                "GB/s", "TOPS", "%floor", "sets");
+    std::printf("%-9s %-8s %12s %-5s %5s %10s %8s %7s %8s %7s %6s\n", "type", "shape", "rows x cols", "op", "tok", "us",
+                "GB/s", "TOPS", "%floor", "sets", "%bf16");
 }
 
 void print_row(const char* type, const char* shape, int64_t rows, int64_t cols, const char* op, int64_t n,
-               const Timing& t, double bytes, double floor, int sets) {
+               const Timing& t, double bytes, double floor, int sets, double floor16 = 0.0) {
     char dims[32];
     std::snprintf(dims, sizeof dims, "%" PRId64 "x%" PRId64, rows, cols);
     if (t.median_us < 0) {
@@ -289,9 +289,9 @@ void print_row(const char* type, const char* shape, int64_t rows, int64_t cols, 
     const double s = t.median_us * 1e-6;
     const double gbps = bytes / s / 1e9, tops = 2.0 * double(rows) * double(cols) * double(n) / s / 1e12;
     const bool is_mmq = std::strcmp(op, "mmq") == 0 || std::strcmp(op, "mmqs") == 0;
-    std::printf("%-9s %-8s %12s %-5s %5" PRId64 " %10.2f %8.1f %7.2f %8s %7d%s\n", type, shape, dims, op, n,
+    std::printf("%-9s %-8s %12s %-5s %5" PRId64 " %10.2f %8.1f %7.2f %8s %7d %6s%s\n", type, shape, dims, op, n,
                 t.median_us, gbps, tops, percent(is_mmq ? tops : gbps, floor).c_str(), sets,
-                t.held ? "" : "  (launches not all queued in time)");
+                is_mmq ? percent(tops, floor16).c_str() : "", t.held ? "" : "  (launches not all queued in time)");
 }
 
 }  // namespace
@@ -388,8 +388,8 @@ int main(int argc, char** argv) {
                         t.held ? "" : "  (launches not all queued in time)");
         }
 
-    std::printf("\n%%floor: mmvq and mmqb against the copy floor (GB/s), mmq against the int8 floor (TOPS); "
-                "sets: weight copies rotated\n");
+    std::printf("\n%%floor: mmvq and mmqb against the copy floor (GB/s), mmq and mmqs against the int8 floor "
+                "(TOPS); %%bf16: mmq and mmqs against the 16-bit float tensor rate; sets: weight copies rotated\n");
     print_header();
     int failures = 0;
     std::vector<std::string> crossovers;
@@ -416,7 +416,7 @@ int main(int argc, char** argv) {
                                      double(n) * double(shape.rows) * 4.0;
                 const bool tensor = op == Op::mmq || op == Op::mmqs;
                 print_row(tc.name, shape.name, shape.rows, shape.cols, op_name(op), n, t, bytes,
-                          tensor ? floors.int8_TOPS : floors.copy_GBps, sets);
+                          tensor ? floors.int8_TOPS : floors.copy_GBps, sets, tensor ? floors.bf16_TFLOPS : 0.0);
             };
             const bool batch = cuda::mmq_batch_type(tc.type);
             for (int64_t n : mmvq_tokens) row(Op::mmvq, n);
