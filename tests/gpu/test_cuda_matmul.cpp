@@ -376,10 +376,12 @@ struct Shape {
 
 // Row counts that are no multiple of any tile (1, 37, 130) and 4096; row
 // lengths 256, 576 (18 blocks: two chunks and a ragged one; legacy types
-// only), 4096 and 11008 (43 super-blocks).
+// only), 512 and 1280 (two and five super-blocks: streamed kernels' rings
+// filled in part, exactly, or wrapped once), 4096 and 11008 (43
+// super-blocks).
 const Shape kShapes[] = {
-    {1, 256, {}},       {37, 576, {}},         {130, 4096, {200, 512, 2048}}, {4096, 256, {512}},
-    {37, 11008, {2048}}, {1, 4096, {}},          {4096, 11008, {}},
+    {1, 256, {}},        {37, 576, {}},  {130, 4096, {200, 512, 2048}}, {4096, 256, {512}}, {37, 512, {200}},
+    {130, 1280, {200}},  {37, 11008, {2048}}, {1, 4096, {}},             {4096, 11008, {}},
 };
 constexpr int64_t kMmvqTokens[] = {1, 3, 8};
 constexpr int64_t kMmqTokens[] = {1, 3, 8, 17, 64, 65};  // one token tile (32-row tiles), then two
@@ -387,14 +389,16 @@ constexpr int64_t kMmqTokens[] = {1, 3, 8, 17, 64, 65};  // one token tile (32-r
 // sides of the streamed kernel's threshold (15, 16).
 constexpr int64_t kMmqBatchTokens[] = {1, 2, 7, 8, 9, 15, 16, 23, 31, 32, 33, 40, 47, 56, 63, 64};
 
-// mmq_sync: mmq's mma.sync kernel, which mmq takes only where its wgmma
-// kernel does not run; called directly beside it so both stay tested on Hopper.
-enum class IntKernel { mmvq, mmq_batch, mmq, mmq_sync };
+// mmq_wgmma and mmq_sync: mmq's two kernels called directly, where the
+// wgmma one runs (Hopper), so that both stay tested there and a wgmma call
+// that launches nothing (mmq would quietly take the other) fails.
+enum class IntKernel { mmvq, mmq_batch, mmq, mmq_wgmma, mmq_sync };
 const char* kernel_name(IntKernel k) {
     switch (k) {
         case IntKernel::mmvq: return "mmvq";
         case IntKernel::mmq_batch: return "mmq_batch";
         case IntKernel::mmq: return "mmq";
+        case IntKernel::mmq_wgmma: return "mmq_wgmma";
         default: return "mmq_sync";
     }
 }
@@ -410,6 +414,8 @@ void run_and_check(IntKernel k, const cuda::DevWeight& w, const cuda::DevAct& a,
         cuda::mmq(w, a, n, y.get(), stride, nullptr);
     else if (k == IntKernel::mmq_sync)
         cuda::mmq_mma_sync(w, a, n, y.get(), stride, nullptr);
+    else if (k == IntKernel::mmq_wgmma)
+        ASSERT_TRUE(cuda::mmq_wgmma(w, a, n, y.get(), stride, nullptr)) << what << ": the wgmma kernel launched nothing";
     else if (k == IntKernel::mmq_batch)
         cuda::mmq_batch(w, a, int(n), y.get(), stride, nullptr);
     else
@@ -465,8 +471,12 @@ TEST_P(CudaIntMatmul, EveryOutputHasTheCpuTwinsBits) {
         std::vector<int64_t> mmq_tokens(std::begin(kMmqTokens), std::end(kMmqTokens));
         mmq_tokens.insert(mmq_tokens.end(), s.big_tokens.begin(), s.big_tokens.end());
         for (int64_t n : mmq_tokens) {
-            check(IntKernel::mmq, n);
-            if (cuda::mmq_wgmma_runs(dw.view, da, n)) check(IntKernel::mmq_sync, n);
+            if (cuda::mmq_wgmma_runs(dw.view, da, n)) {
+                check(IntKernel::mmq_wgmma, n);
+                check(IntKernel::mmq_sync, n);
+            } else {
+                check(IntKernel::mmq, n);
+            }
         }
         if (HasFatalFailure()) return;
     }

@@ -6,7 +6,8 @@
 //
 // They exist only where the device code is for sm_90 or newer: a kernel
 // that uses them guards its body the same way, and its launcher picks it
-// only where sm90_code_runs_here() (launch.cuh).
+// only where such code runs (launch.cuh's sm90_code_runs_here(), or for the
+// sm_90a kernels their own check).
 #pragma once
 
 #include <cuda.h>

@@ -27,8 +27,9 @@ __host__ __device__ constexpr int ring_block_bytes(WType t) {
     return t == WType::Q4_K ? 144 : t == WType::Q5_K ? 176 : 224;
 }
 
-// kRows rows of kBlockBytes blocks by NT tokens a stage; as many stages as
-// kBudget bytes hold, up to eight.
+// kRows rows of kBlockBytes blocks by NT tokens (a multiple of 8) a stage;
+// as many stages as kBudget bytes hold, up to eight (kSmem adds the
+// alignment slack and the barriers).
 template <int kRows, int kBlockBytes, int NT, int kBudget>
 struct SuperBlockRing {
     static constexpr int kHalfBytes = NT * 128;
@@ -41,6 +42,7 @@ struct SuperBlockRing {
     // then a `full` and an `empty` mbarrier a stage.
     static constexpr int kSmem = 1024 + kStages * kStageBytes + 2 * kStages * int(sizeof(uint64_t));
     static_assert(kStages >= 2, "a ring of at least two stages");
+    static_assert(kHalfBytes % 1024 == 0, "each swizzled half starts 1024-aligned");
     static_assert(kWeightOffset % 128 == 0 && kScaleOffset % 128 == 0, "tensor copies land 128-byte aligned");
 
     unsigned char* base;
@@ -79,10 +81,13 @@ struct SuperBlockRing {
         tensor_copy(st + kScaleOffset, dmap, 8 * kc, tok0, &full[s]);
     }
 
-    // Until super-block kc has landed; its stage.
+    // Until super-block kc has landed; its stage. The warp leaves together:
+    // its lanes may leave the wait's loop at different turns, and what
+    // follows (ldmatrix, mma, wgmma) is .aligned.
     __device__ const unsigned char* wait_full(int kc) const {
         const int s = kc % kStages;
         mbarrier_wait(&full[s], unsigned(kc / kStages) & 1);
+        __syncwarp();
         return stage(s);
     }
 

@@ -168,8 +168,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();
 
     // Thread 0 also produces, kStages - 1 super-blocks ahead of the one its
-    // warp computes: the stage it refills is the one every warp released a
-    // step before, so it rarely waits.
+    // warp computes: the stage it refills is the one its own warp released a
+    // step before. It waits for the other warps to release it too, so
+    // neither warpgroup runs more than about a super-block ahead of the other.
     constexpr int ahead = R::kStages - 1;
     if (threadIdx.x == 0)
         for (int kc = 0; kc < ahead && kc < nsb; ++kc) ring.produce(kc, wmap, qmap, dmap, row0, tok0);
@@ -236,7 +237,10 @@ bool code_runs_here() {
 
 bool mmq_wgmma_runs(const DevWeight& w, const DevAct& a, int64_t n) {
     static const bool allowed = !switched_off("TERN_MMQ_WGMMA");
-    if (!allowed || n < 1 || n > int64_t(INT32_MAX) || w.rows < 1 || w.rows > int64_t(INT32_MAX)) return false;
+    // Token tiles are the grid's y dimension (at most 65,535); rows and
+    // tokens are tensor-copy coordinates (int).
+    if (!allowed || n < 1 || n > int64_t(65535) * kTileTokens || w.rows < 1 || w.rows > int64_t(INT32_MAX))
+        return false;
     if (w.type != WType::Q4_K && w.type != WType::Q5_K && w.type != WType::Q6_K) return false;
     const uintptr_t addrs = reinterpret_cast<uintptr_t>(w.data) | reinterpret_cast<uintptr_t>(a.qs) |
                             reinterpret_cast<uintptr_t>(a.d);
