@@ -114,6 +114,14 @@ TEST(Jinja, ImmutableValuesAndUndefinedAttributes) {
     EXPECT_NE(render("{{ [[1]]|map(attribute='99999999999999999999')|list }}").find("ERROR"), std::string::npos);
 }
 
+// Integer powers as Python gives them, up to int64's edge, and an error past it.
+TEST(Jinja, IntegerPowersAreExactOrAnOverflowError) {
+    EXPECT_EQ(render("{{ 2 ** 62 }} {{ (-2) ** 63 }} {{ (-1) ** 3 }} {{ (-1) ** 4 }} {{ 0 ** 0 }} {{ 1 ** 1000000000 }}"),
+              "4611686018427387904 -9223372036854775808 -1 1 1 1");
+    EXPECT_NE(render("{{ 2 ** 63 }}").find("integer overflow"), std::string::npos);
+    EXPECT_NE(render("{{ (-3) ** 40 }}").find("integer overflow"), std::string::npos);
+}
+
 TEST(Jinja, EveryLimitStopsARunawayTemplate) {
     jinja::RenderOptions small;
     small.limits.max_steps = 10000;
