@@ -23,7 +23,6 @@
 // fragments (registers) and issues the products; the tokens are the B
 // operand, read by the tensor cores from the stage itself.
 #include <cstdint>
-#include <cstdlib>
 
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/lane_row.cuh"
