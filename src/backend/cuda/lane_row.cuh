@@ -50,6 +50,11 @@ struct K4Header {
     __device__ float d() const { return __half2float(__ushort_as_half(uint16_t(dm & 0xFFFF))); }
     __device__ float dmin() const { return __half2float(__ushort_as_half(uint16_t(uint32_t(dm) >> 16))); }
     __device__ int scale(int j) const { return (sc[j >> 2] >> (8 * (j & 3))) & 0xFF; }
+    // The scale of sub-block j as 8 high + low, each in 0..7: a value (at
+    // most 31) times either stays within a byte, so four values multiply at
+    // once in one word.
+    __device__ int scale_high(int j) const { return (sc[j >> 2] >> (8 * (j & 3) + 3)) & 7; }
+    __device__ int scale_low(int j) const { return (sc[j >> 2] >> (8 * (j & 3))) & 7; }
     // The min of sub-block j in every byte: one more int8 mma operand.
     __device__ int min_bytes(int j) const { return int(__byte_perm(uint32_t(mn[j >> 2]), 0u, 0x1111u * uint32_t(j & 3))); }
     // The eight mins, a byte each, for __dp2a against the block sums.

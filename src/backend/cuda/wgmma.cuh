@@ -1,5 +1,5 @@
 // Hopper's warpgroup tensor-core products (wgmma.mma_async, sm_90a), int8:
-// D (s32, 64 x N) = A B (+ D), A 64 x 32 int8 in registers, B N x 32 int8 in
+// D (s32, 64 x N) = A B (+ D), A 64 x 32 int8 or uint8 in registers, B N x 32 int8 in
 // shared memory (K-major: each of the N rows holds its 32 bytes of k), for the
 // four warps of a warpgroup together. The instructions run asynchronously:
 // wgmma_fence() before the first product that reads registers written since,
@@ -40,19 +40,37 @@ __device__ __forceinline__ void wgmma_wait_group() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 
-// D = A B, or D += A B where accumulate: N columns (64).
+// D = A B, or D += A B where accumulate: N columns (64). A holds signed
+// bytes, or with kUnsignedA unsigned ones (0..255); B signed bytes.
 template <int N>
 struct WgmmaS8;
 
+// The 32 outputs and 4 A words of an m64n64k32 instruction, then its B
+// descriptor (%36) and whether it accumulates (%37).
+#define TERN_WGMMA_M64N64K32_OPERANDS                                                                            \
+    : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), \
+      "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]),       \
+      "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]),      \
+      "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31])                    \
+    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(int(accumulate))
+#define TERN_WGMMA_M64N64K32(types)                                                                               \
+    "{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"                                                              \
+    " wgmma.mma_async.sync.aligned.m64n64k32.s32." types                                                          \
+    " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22,"   \
+    " %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p;\n}\n"
+
 template <>
 struct WgmmaS8<64> {
+    template <bool kUnsignedA = false>
     __device__ __forceinline__ static void run(int (&d)[32], const int (&a)[4], uint64_t b_desc, bool accumulate) {
-        asm volatile(
-            "{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"
-            " wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p;\n}\n"
-            : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(int(accumulate)));
+        if constexpr (kUnsignedA)
+            asm volatile(TERN_WGMMA_M64N64K32("u8.s8") TERN_WGMMA_M64N64K32_OPERANDS);
+        else
+            asm volatile(TERN_WGMMA_M64N64K32("s8.s8") TERN_WGMMA_M64N64K32_OPERANDS);
     }
 };
+
+#undef TERN_WGMMA_M64N64K32
+#undef TERN_WGMMA_M64N64K32_OPERANDS
 
 }  // namespace tern::cuda

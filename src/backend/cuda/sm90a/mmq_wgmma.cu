@@ -3,17 +3,23 @@
 // so this file is compiled for sm_90a alone and runs where the device is
 // compute capability 9.0 (mmq_wgmma_runs).
 //
-// The tensor cores multiply int8 by int8. A K-quant's sub-block scale does
-// not fit that: its term is sum(sc * q * x), with sc * q up to 4,096. So each
-// weight is split as w = sc * q = 128 hi + lo (hi a small int8, lo in 0..127)
-// and two products over the super-block give S_hi and S_lo; A = 128 S_hi +
-// S_lo is the super-block's integer total of the other kernels (kernels.h),
-// exactly: the scales enter the integers before the tensor cores see them,
-// whatever their granularity (q6_K's 16-element halves included). The mins'
-// total X is a third product, against a row whose sub-block j holds its min
-// in every byte. Then one inner term per output and super-block,
-// r = fma(D, inner, r) in super-block order from +0.0: mmq's bits, the CPU
-// twin's (quant::dot_row_chunked).
+// The tensor cores multiply bytes by bytes. A K-quant's sub-block scale does
+// not fit that: its term is sum(sc * q * x), with sc * q up to 4,096. So the
+// scaled weights enter as two byte operands and two products over the
+// super-block give S_hi and S_lo, whose sum A = kHi S_hi + S_lo is the
+// super-block's integer total of the other kernels (kernels.h), exactly:
+// - q4_K, q5_K: the 6-bit scale splits as sc = 8 sh + sl (each 0..7), and
+//   the values q (at most 31) times sh and times sl are unsigned bytes, four
+//   to a word in one integer multiply (kHi = 8);
+// - q6_K, whose int8 scales cover 16 elements: each scaled weight splits as
+//   sc * q = 128 hi + lo (hi a small int8, lo in 0..127; kHi = 128).
+// The mins' total X is a third product, against a row whose sub-block j
+// holds its min in every byte. Then one inner term per output and
+// super-block, r = fma(D, inner, r) in super-block order from +0.0, with
+// float(A) rounded once: mmq's bits, the CPU twin's (quant::dot_row_chunked).
+// What bounds this kernel is the integer and float work its threads issue,
+// not the tensor cores (LOG g68, g69), so that work is kept to a few
+// instructions a word and an output.
 //
 // A CTA: 128 rows (two warpgroups of 64) by NT tokens. One thread streams
 // super-blocks ahead into a ring of shared-memory stages by tensor copies
@@ -43,28 +49,26 @@ using Ring = SuperBlockRing<kRows, ring_block_bytes(T), NT, kRingBytes>;
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-// Four weights (u - kOff) * s, u the bytes of `stored` (q6_K keeps value +
-// 32), as 128 hi + lo: hi an int8, lo in 0..127, a byte each. The products
-// are formed two at a time in 16-bit lanes, each offset by 32,768 so that it
-// stays in 0..65,535 (|w| <= 4,096 for every type) and no lane borrows from
-// the next; 32,768 is 256 * 128, so a lane shifted right by 7 is hi + 256,
-// whose low byte is hi, and its low seven bits are lo.
+// q6_K: four scaled weights (u - 32) * s, u the stored bytes (value + 32), as
+// 128 hi + lo: hi an int8, lo in 0..127, a byte each. The products are formed
+// two at a time in 16-bit lanes, each offset by 32,768 so that it stays in
+// 0..65,535 (|w| <= 4,096) and no lane borrows from the next; 32,768 is 256 *
+// 128, so a lane shifted right by 7 is hi + 256, whose low byte is hi, and
+// its low seven bits are lo.
 struct Split {
     int hi, lo;
 };
-template <int kOff>
-__device__ __forceinline__ Split split_scaled(int stored, int s) {
-    const uint32_t c = uint32_t(32768 - kOff * s) * 0x00010001u;
+__device__ __forceinline__ Split split_q6(int stored, int s) {
+    const uint32_t c = uint32_t(32768 - 32 * s) * 0x00010001u;
     const uint32_t e = uint32_t(stored) & 0x00FF00FFu;         // values 0 and 2
     const uint32_t o = (uint32_t(stored) >> 8) & 0x00FF00FFu;  // values 1 and 3
     const uint32_t pe = e * uint32_t(s) + c, po = o * uint32_t(s) + c;
     return {int(__byte_perm(pe >> 7, po >> 7, 0x6240)), int(__byte_perm(pe, po, 0x6240) & 0x7F7F7F7Fu)};
 }
 
-// v as a float, exactly, for |v| < 2^22 (every total here: |S_lo| <=
-// 128 * 127 * 256, |S_hi| <= 32 * 128 * 256, |X| <= 63 * 128 * 256): an
-// integer add and a float add, where the conversion instruction issues at a
-// fraction of their rate.
+// v as a float, exactly, for |v| < 2^22 (the mins' totals: |X| <= 63 * 128 *
+// 256): an integer add and a float add, where the conversion instruction
+// issues at a fraction of their rate.
 __device__ __forceinline__ float exact_float(int v) {
     return __fsub_rn(__int_as_float(v + 0x4B400000), 12582912.0f);
 }
@@ -102,14 +106,15 @@ __device__ __forceinline__ void issue_products(const unsigned char* st, int lrow
 #pragma unroll
         for (int f = 0; f < 4; ++f) {
             const int h = f & 1, half = f >> 1;
-            int stored;
-            if constexpr (has_min)
-                stored = rw[h].vals(j, half);
-            else
-                stored = rw[h].stored(j, half);
-            const Split sp = split_scaled<has_min ? 0 : 32>(stored, rw[h].scale(j, half));
-            hi[f] = sp.hi;
-            lo[f] = sp.lo;
+            if constexpr (has_min) {
+                const int v = rw[h].vals(j, half);
+                hi[f] = v * rw[h].hd.scale_high(j);
+                lo[f] = v * rw[h].hd.scale_low(j);
+            } else {
+                const Split sp = split_q6(rw[h].stored(j, half), rw[h].scale(j, half));
+                hi[f] = sp.hi;
+                lo[f] = sp.lo;
+            }
         }
         // The mins: row g's and row g + 8's in every byte.
         int mf[4] = {0, 0, 0, 0};
@@ -119,8 +124,8 @@ __device__ __forceinline__ void issue_products(const unsigned char* st, int lrow
         }
         const uint64_t desc = wgmma_desc_sw128(st + (j >> 2) * R::kHalfBytes + (j & 3) * 32);
         wgmma_fence();  // the fragments were just written
-        WgmmaS8<NT>::run(p.hi, hi, desc, j > 0);
-        WgmmaS8<NT>::run(p.lo, lo, desc, j > 0);
+        WgmmaS8<NT>::template run<has_min>(p.hi, hi, desc, j > 0);  // unsigned bytes where has_min
+        WgmmaS8<NT>::template run<has_min>(p.lo, lo, desc, j > 0);
         if constexpr (has_min) WgmmaS8<NT>::run(p.x, mf, desc, j > 0);
     }
     wgmma_commit_group();
@@ -132,11 +137,12 @@ __device__ __forceinline__ void issue_products(const unsigned char* st, int lrow
 template <WType T, int NT, class P>
 __device__ __forceinline__ void add_terms(const unsigned char* st, int tig, const P& p, float (&acc)[NT / 2]) {
     constexpr bool has_min = T != WType::Q6_K;
+    constexpr int kHi = has_min ? 8 : 128;  // A = kHi S_hi + S_lo
     const float* scale = reinterpret_cast<const float*>(st + Ring<T, NT>::kScaleOffset);
 #pragma unroll
     for (int i = 0; i < NT / 2; ++i) {
         const int h = (i >> 1) & 1, t = 8 * (i >> 2) + 2 * tig + (i & 1);
-        const float a = __fmaf_rn(128.0f, exact_float(p.hi[i]), exact_float(p.lo[i]));  // float(A), one rounding
+        const float a = __int2float_rn(kHi * p.hi[i] + p.lo[i]);  // |A| < 2^28: exact, then one rounding
         float inner = __fmul_rn(p.d[h], a);
         if constexpr (has_min) inner = __fmaf_rn(-p.dmin[h], exact_float(p.x[i]), inner);
         acc[i] = __fmaf_rn(scale[8 * t], inner, acc[i]);
