@@ -122,6 +122,16 @@ TEST(Jinja, IntegerPowersAreExactOrAnOverflowError) {
     EXPECT_NE(render("{{ (-3) ** 40 }}").find("integer overflow"), std::string::npos);
 }
 
+// The int filter truncates floats as Python does while int64 holds the
+// result, and says so where it does not.
+TEST(Jinja, IntOfAFloatIsTruncatedOrAnOutOfRangeError) {
+    EXPECT_EQ(render("{{ 2.9|int }} {{ (-2.9)|int }} {{ '7.5'|int }} {{ 9.2e18|int }} {{ (-9.223372036854775808e18)|int }}"),
+              "2 -2 7 9200000000000000000 -9223372036854775808");
+    EXPECT_NE(render("{{ 3.3e66|int }}").find("outside the 64-bit integer range"), std::string::npos);
+    EXPECT_NE(render("{{ 9.223372036854775808e18|int }}").find("outside the 64-bit integer range"), std::string::npos);
+    EXPECT_NE(render("{{ '-1e300'|int }}").find("outside the 64-bit integer range"), std::string::npos);
+}
+
 TEST(Jinja, EveryLimitStopsARunawayTemplate) {
     jinja::RenderOptions small;
     small.limits.max_steps = 10000;
