@@ -444,7 +444,7 @@ Value f_unique(const Value& v, Args& a) {
 // number (found by fuzzing: 3.3e66|int converted out of range).
 int64_t truncated_int(double d, int line) {
     const double t = std::trunc(d);
-    if (!(t >= -9223372036854775808.0 && t < 9223372036854775808.0)) {
+    if (!fits_int64(t)) {
         char buf[64];
         std::snprintf(buf, sizeof buf, "%g", d);
         fail(line, std::string("int: ") + buf + " is outside the 64-bit integer range");

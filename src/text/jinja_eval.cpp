@@ -444,9 +444,7 @@ Value Renderer::eval_item(const Value& base, const Value& key, int line) {
 namespace {
 
 int64_t checked(long double exact, int line) {
-    if (exact > static_cast<long double>(std::numeric_limits<int64_t>::max()) ||
-        exact < static_cast<long double>(std::numeric_limits<int64_t>::min()))
-        fail(line, "integer overflow");
+    if (!fits_int64(exact)) fail(line, "integer overflow");
     return int64_t(exact);
 }
 

@@ -55,6 +55,11 @@ struct TemplateError {
 };
 [[noreturn]] void fail(int line, std::string message);
 
+// Whether an int64 holds the integer x (exact arithmetic, or a float already
+// truncated): the one range every integer result is checked against. Bounds
+// of +-2^63 are exact in every long double format.
+inline bool fits_int64(long double x) { return x >= -0x1p63L && x < 0x1p63L; }
+
 // The largest string (bytes) and list (items) a template may build: growth
 // by concatenation, repetition or padding stops with an error here, long
 // before memory runs out.
