@@ -81,7 +81,10 @@ struct Acts {
     DevBuf<int8_t> qs[kActSets];
     DevBuf<float> d[kActSets];
     DevBuf<int32_t> sum[kActSets];
-    cuda::DevAct view(int s) const { return {qs[s].get(), d[s].get(), sum[s].get(), cols / 32, group}; }
+    DevBuf<uint16_t> sum_split[kActSets];  // group 8
+    cuda::DevAct view(int s) const {
+        return {qs[s].get(), d[s].get(), sum[s].get(), cols / 32, group, group == 8 ? sum_split[s].get() : nullptr};
+    }
 };
 
 // Random normal activations, quantized on the CPU and by cuda::quantize_act
@@ -112,6 +115,7 @@ void make_acts(Acts& a, int64_t cols, int group, int64_t n_tokens, uint64_t seed
         a.qs[s] = DevBuf<int8_t>(nb * 32);
         a.d[s] = DevBuf<float>(nb);
         a.sum[s] = DevBuf<int32_t>(nb);
+        a.sum_split[s] = DevBuf<uint16_t>(size_t(n_tokens * ((blocks + 7) / 8) * 16));
         a.qs[s].poison();
         a.d[s].poison();
         a.sum[s].poison();

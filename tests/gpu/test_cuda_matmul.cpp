@@ -158,8 +158,24 @@ struct DeviceActs {
     DeviceBuffer<int8_t> qs;
     DeviceBuffer<float> d;
     DeviceBuffer<int32_t> sum;
+    DeviceBuffer<uint16_t> sum_split;
     cuda::DevAct view;
 };
+
+// DevAct::sum_split of rows of `blocks` block sums: per group of eight,
+// s >> 6 then s & 63 as f16 (zeros past a row's last block).
+std::vector<uint16_t> split_sums(const std::vector<int32_t>& sum, int64_t blocks) {
+    const int64_t rows = int64_t(sum.size()) / blocks, groups = (blocks + 7) / 8;
+    std::vector<uint16_t> split(size_t(rows * groups * 16));
+    for (int64_t t = 0; t < rows; ++t)
+        for (int64_t b = 0; b < groups * 8; ++b) {
+            const int32_t s = b < blocks ? sum[size_t(t * blocks + b)] : 0;
+            uint16_t* g = split.data() + (t * groups + b / 8) * 16;
+            g[b % 8] = fp32_to_fp16(float(s >> 6));
+            g[8 + b % 8] = fp32_to_fp16(float(s & 63));
+        }
+    return split;
+}
 
 // The CPU's blocks split into the planes DevAct describes.
 DeviceActs upload_acts(const HostActs& a) {
@@ -172,8 +188,9 @@ DeviceActs upload_acts(const HostActs& a) {
         d[i] = a.q[i].d;
         sum[i] = a.q[i].sum;
     }
-    DeviceActs out{DeviceBuffer<int8_t>(qs), DeviceBuffer<float>(d), DeviceBuffer<int32_t>(sum), {}};
-    out.view = {out.qs.get(), out.d.get(), out.sum.get(), a.blocks(), a.group};
+    DeviceActs out{DeviceBuffer<int8_t>(qs), DeviceBuffer<float>(d), DeviceBuffer<int32_t>(sum),
+                   DeviceBuffer<uint16_t>(split_sums(sum, a.blocks())), {}};
+    out.view = {out.qs.get(), out.d.get(), out.sum.get(), a.blocks(), a.group, out.sum_split.get()};
     return out;
 }
 
@@ -317,17 +334,34 @@ TEST_F(CudaMatmul, QuantizeActGivesTheCpuBytes) {
                 DeviceBuffer<int8_t> qs(32 * n_out);
                 DeviceBuffer<float> d(n_out);
                 DeviceBuffer<int32_t> sum(n_out);
+                const int64_t groups = (blocks + 7) / 8;
+                DeviceBuffer<uint16_t> split(size_t((rows + 1) * groups * 16));
                 // Two different poisons: an element left unwritten cannot equal both.
                 for (unsigned char poison : {0xFF, 0x5A}) {
                     qs.poison(poison);
                     d.poison(poison);
                     sum.poison(poison);
-                    cuda::quantize_act(dx.get(), stride, rows, cols, {qs.get(), d.get(), sum.get(), blocks, group},
+                    split.poison(poison);
+                    cuda::quantize_act(dx.get(), stride, rows, cols,
+                                      {qs.get(), d.get(), sum.get(), blocks, group, group == 8 ? split.get() : nullptr},
                                       nullptr);
                     sync_ok();
                     const std::vector<int8_t> got_qs = qs.download();
                     const std::vector<float> got_d = d.download();
                     const std::vector<int32_t> got_sum = sum.download();
+                    // The split sums (group 8): the first rows' as the CPU's sums give them, the last one's
+                    // untouched.
+                    const std::vector<uint16_t> got_split = split.download();
+                    std::vector<int32_t> want_sum(size_t(rows * blocks));
+                    for (size_t i = 0; i < want_sum.size(); ++i) want_sum[i] = want[i].sum;
+                    const std::vector<uint16_t> want_split = split_sums(want_sum, blocks);
+                    for (size_t i = 0; i < got_split.size(); ++i) {
+                        const uint16_t untouched = uint16_t(poison) * 0x101;
+                        const uint16_t expect = group == 8 && i < want_split.size() ? want_split[i] : untouched;
+                        ASSERT_EQ(got_split[i], expect) << "split sum " << i % 16 << " of token "
+                                                        << int64_t(i) / (groups * 16) << " group "
+                                                        << int64_t(i) / 16 % groups;
+                    }
                     for (size_t i = 0; i < n_out; ++i) {
                         const int64_t t = int64_t(i) / blocks, b = int64_t(i) % blocks;
                         if (t < rows) {
@@ -499,6 +533,7 @@ TEST_F(CudaMatmul, WgmmaKernelRunsWhereTheDeviceIsHopper) {
     a.qs = reinterpret_cast<int8_t*>(buf.get());
     a.d = reinterpret_cast<float*>(buf.get() + (size_t(1) << 19));
     a.sum = reinterpret_cast<int32_t*>(buf.get() + (size_t(3) << 18));
+    a.sum_split = reinterpret_cast<uint16_t*>(buf.get() + (size_t(7) << 17));
     a.blocks = 4096 / 32;
     a.group = 8;
     auto weight = [&](WType t, int block_stride) {
@@ -517,6 +552,10 @@ TEST_F(CudaMatmul, WgmmaKernelRunsWhereTheDeviceIsHopper) {
         EXPECT_EQ(cuda::mmq_wgmma_runs(weight(WType::Q6_K, 224), a, n), hopper) << n << " tokens";
         EXPECT_FALSE(cuda::mmq_wgmma_runs(weight(WType::Q6_K, 210), a, n)) << "q6_K in the file's layout";
     }
+    cuda::DevAct unsplit = a;
+    unsplit.sum_split = nullptr;
+    EXPECT_FALSE(cuda::mmq_wgmma_runs(weight(WType::Q4_K, 144), unsplit, 512)) << "q4_K without the split sums";
+    EXPECT_EQ(cuda::mmq_wgmma_runs(weight(WType::Q6_K, 224), unsplit, 512), hopper) << "q6_K (no mins)";
     cuda::DevAct ungrouped = a;
     ungrouped.group = 1;
     EXPECT_FALSE(cuda::mmq_wgmma_runs(weight(WType::Q4_K, 144), ungrouped, 512)) << "activations of group 1";
@@ -524,6 +563,60 @@ TEST_F(CudaMatmul, WgmmaKernelRunsWhereTheDeviceIsHopper) {
     cuda::DevWeight q8 = weight(WType::Q8_0, 34);
     q8.row_stride = 34 * (4096 / 32);
     EXPECT_FALSE(cuda::mmq_wgmma_runs(q8, legacy, 512)) << "a legacy type";
+}
+
+// The mins' product at its extremes: every scale and min 63, and tokens
+// whose block sums reach +-4,064 (all values +-127), +-4,063 and odd values
+// of every residue mod 64, so that the split sums' high and low halves and
+// the f16 product of the wgmma kernel (exact only while every partial sum is
+// an integer below 2^24) are pushed to their bounds; every output must keep
+// the CPU twin's bits, on whichever kernel mmq takes and on the wgmma kernel
+// itself where it runs.
+TEST_F(CudaMatmul, KQuantMinsAtTheirExtremesKeepTheCpuBits) {
+    SCOPED_TRACE("seed " + std::to_string(seed()));
+    const int64_t rows = 130, cols = 4096, n = 200, blocks = cols / 32;
+    HostActs acts{n, cols, 8, std::vector<quant::block_q8a>(size_t(n * blocks))};
+    std::mt19937 rng(seed());
+    for (int64_t t = 0; t < n; ++t)
+        for (int64_t b = 0; b < blocks; ++b) {
+            quant::block_q8a& q = acts.q[size_t(t * blocks + b)];
+            q.d = 0.0078125f;  // one scale for every group
+            const int sign = (b + t) % 2 ? -1 : 1;
+            for (int e = 0; e < 32; ++e) {
+                int v = 127 * sign;
+                if (t % 4 == 2 && e < int(b % 32)) v -= sign;  // sums 4,064 - b % 32
+                if (t % 4 == 3) v = int(rng() % 255) - 127;
+                q.qs[e] = int8_t(v);
+            }
+            q.sum = 0;
+            for (int e = 0; e < 32; ++e) q.sum += q.qs[e];
+        }
+    const DeviceActs dev_acts = upload_acts(acts);
+    for (WType type : {WType::Q4_K, WType::Q5_K}) {
+        SCOPED_TRACE(type_name(type));
+        const TensorType tt = tensor_type(type);
+        HostWeights w{tt, rows, cols, quant::row_bytes(tt, cols), {}};
+        w.bytes.resize(size_t(rows) * w.row_bytes);
+        const int bb = block_bytes(type);
+        for (size_t at = 0; at < w.bytes.size(); at += size_t(bb)) {
+            uint8_t* blk = w.bytes.data() + at;
+            for (int i = 0; i < bb; ++i) blk[i] = uint8_t(rng());
+            const uint16_t d = fp32_to_fp16(0.5f), dmin = fp32_to_fp16(1.0f);
+            std::memcpy(blk, &d, 2);
+            std::memcpy(blk + 2, &dmin, 2);
+            std::memset(blk + 4, 0xFF, 12);  // every 6-bit scale and min 63
+        }
+        const std::vector<float> ref = reference(w, acts, n);
+        DeviceWeights dw;
+        upload_weights(w, type, Layout::file, dw);
+        if (HasFatalFailure()) return;
+        for (int64_t tokens : {int64_t(1), int64_t(64), n}) {
+            const std::string what = type_name(type) + " " + std::to_string(tokens) + " tokens";
+            run_and_check(IntKernel::mmq, dw.view, dev_acts.view, tokens, ref, what + " mmq");
+            if (cuda::mmq_wgmma_runs(dw.view, dev_acts.view, tokens))
+                run_and_check(IntKernel::mmq_wgmma, dw.view, dev_acts.view, tokens, ref, what + " mmq_wgmma");
+        }
+    }
 }
 
 // mmvq_parts: three matrices of one type (ragged row counts, the first CTA

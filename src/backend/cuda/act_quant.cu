@@ -2,9 +2,12 @@
 // quant::quantize_act_row (group 1) or quant::quantize_act_row_grouped
 // (group 8), docs/cpu-kernels.md: amax ignoring NaNs, d = amax / 127 by IEEE
 // division, q = x / d clamped to [-127, 127] (NaN -> -127) and rounded half
-// away from zero, sum exact per 32-element block. One warp per group: per
+// away from zero, sum exact per 32-element block (with group 8 also split
+// into f16 halves where asked, kernels.h). One warp per group: per
 // block, a lane holds one element; per group of eight blocks, a lane holds
 // eight consecutive elements (lanes 4b..4b+3 make block b).
+#include <cuda_fp16.h>
+
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch.cuh"
 
@@ -88,6 +91,13 @@ __global__ void quantize_act_group_kernel(const float* __restrict__ x, int64_t x
     }
     sum += __shfl_xor_sync(kAll, sum, 1);
     sum += __shfl_xor_sync(kAll, sum, 2);
+    // The sums split for mmq_wgmma's f16 product: blocks past the row's end
+    // (sum 0) are written too, so every group holds sixteen defined values.
+    if (out.sum_split && (lane & 3) == 0) {
+        uint16_t* split = out.sum_split + gg * 16;
+        split[lane >> 2] = __half_as_ushort(__int2half_rn(sum >> 6));
+        split[8 + (lane >> 2)] = __half_as_ushort(__int2half_rn(sum & 63));
+    }
     if (!inside) return;
     const int64_t ab = t * blocks + b;
     *reinterpret_cast<uint2*>(out.qs + ab * 32 + 8 * (lane & 3)) = make_uint2(packed[0], packed[1]);

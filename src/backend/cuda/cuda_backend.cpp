@@ -220,7 +220,7 @@ public:
         // Every matmul input is one of these tensors: size the quantized
         // activations and the per-token arrays for the largest.
         if (cols % 32 == 0)
-            if (Status s = reserve_act(rows * (cols / 32)); !s.ok()) return Error{s.message()};
+            if (Status s = reserve_act(rows, cols / 32); !s.ok()) return Error{s.message()};
         if (Status s = reserve_tokens(rows); !s.ok()) return Error{s.message()};
         if (Status s = reserve_embed(rows * cols); !s.ok()) return Error{s.message()};
         return Tensor{static_cast<float*>(*mem), rows, cols};
@@ -354,7 +354,7 @@ public:
     void matmul_shared(Tensor x, std::initializer_list<MatmulTarget> targets) override {
         if (replaying_) return;
         const int64_t n = x.rows;
-        cuda::DevAct a{act_qs_, act_d_, act_sum_, x.cols / 32, 0};  // group 0: x not quantized yet
+        cuda::DevAct a{act_qs_, act_d_, act_sum_, x.cols / 32, 0, act_sum_split_};  // group 0: x not quantized yet
         cuda::MatmulPart run[cuda::kMmvqMaxParts];
         int n_run = 0;
         auto flush = [&] {
@@ -544,7 +544,7 @@ public:
     // The integer-kernel sets share one quantization of x, as in matmul_shared.
     void matmul_experts_shared(Tensor x, std::initializer_list<ExpertTarget> targets) override {
         const int64_t n_pairs = route_tokens_ * route_k_;
-        cuda::DevAct a{act_qs_, act_d_, act_sum_, x.cols / 32, 0};  // group 0: x not quantized yet
+        cuda::DevAct a{act_qs_, act_d_, act_sum_, x.cols / 32, 0, act_sum_split_};  // group 0: x not quantized yet
         for (const ExpertTarget& t : targets) {
             const std::vector<Weight>& experts = *t.experts;
             const Tensor y = t.y;
@@ -744,18 +744,25 @@ private:
         return {};
     }
 
-    Status reserve_act(int64_t blocks) {
-        if (blocks <= act_blocks_) return {};
+    // rows of blocks_per_row blocks: their planes, and their groups of eight
+    // (the last of a row maybe shorter) for the split sums.
+    Status reserve_act(int64_t rows, int64_t blocks_per_row) {
+        const int64_t blocks = rows * blocks_per_row, groups = rows * ((blocks_per_row + 7) / 8);
+        if (blocks <= act_blocks_ && groups <= act_groups_) return {};
         auto qs = device_alloc(size_t(blocks) * 32, "quantized activations");
         if (!qs.ok()) return Error{qs.error().message};
         auto d = device_alloc(size_t(blocks) * sizeof(float), "activation scales");
         if (!d.ok()) return Error{d.error().message};
         auto s = device_alloc(size_t(blocks) * sizeof(int32_t), "activation sums");
         if (!s.ok()) return Error{s.error().message};
+        auto split = device_alloc(size_t(groups) * 16 * sizeof(uint16_t), "activation sums (split)");
+        if (!split.ok()) return Error{split.error().message};
         act_qs_ = static_cast<int8_t*>(*qs);
         act_d_ = static_cast<float*>(*d);
         act_sum_ = static_cast<int32_t*>(*s);
+        act_sum_split_ = static_cast<uint16_t*>(*split);
         act_blocks_ = blocks;
+        act_groups_ = groups;
         return {};
     }
 
@@ -884,7 +891,7 @@ private:
 
     // x quantized as w's integer kernels read it, in the activation workspace.
     cuda::DevAct quantized_for(const cuda::DevWeight& w, Tensor x) {
-        const cuda::DevAct a{act_qs_, act_d_, act_sum_, x.cols / 32, cuda::act_group(w.type)};
+        const cuda::DevAct a{act_qs_, act_d_, act_sum_, x.cols / 32, cuda::act_group(w.type), act_sum_split_};
         cuda::quantize_act(x.data, x.cols, x.rows, x.cols, a, stream_);
         return a;
     }
@@ -989,6 +996,8 @@ private:
     int8_t* act_qs_ = nullptr;
     float* act_d_ = nullptr;
     int32_t* act_sum_ = nullptr;
+    uint16_t* act_sum_split_ = nullptr;
+    int64_t act_groups_ = 0;
     int64_t act_blocks_ = 0;
 
     int32_t *pos_dev_ = nullptr, *slot_dev_ = nullptr, *rows_dev_ = nullptr, *tiles_dev_ = nullptr;

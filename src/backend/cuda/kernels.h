@@ -9,7 +9,12 @@
 // - Quantized activations (DevAct): the CPU's block_q8a split into planes so
 //   that 32-byte runs of qs stay 16-byte aligned: block b of token t has its
 //   qs at qs + (t * blocks + b) * 32, its scale at d[t * blocks + b] and its
-//   integer sum at sum[t * blocks + b]. With group 1, the values of
+//   integer sum at sum[t * blocks + b]. With group 8, sum_split (where not
+//   null) also holds each group's eight block sums s as sixteen f16 values,
+//   s >> 6 of blocks 0..7, then s & 63 of blocks 0..7 (so s = 64 hi + lo,
+//   every value exact in f16): the operand of mmq_wgmma's product of the
+//   K-quant mins, token t's group g at sum_split + (t * groups + g) * 16,
+//   groups = ceil(blocks / 8). With group 1, the values of
 //   quant::quantize_act_row (one scale per block); with group 8, those of
 //   quant::quantize_act_row_grouped (one scale per 256 elements, repeated in
 //   each block), which the K-quant kernels require (act_group).
@@ -57,6 +62,7 @@ struct DevAct {
     int32_t* sum = nullptr;  // each block's sum of qs (mmq_batch's staged kernel sums qs itself instead)
     int64_t blocks = 0;  // blocks per token (cols / 32)
     int group = 1;       // consecutive blocks that share one scale: 1, or 8 (quantize_act_row_grouped)
+    uint16_t* sum_split = nullptr;  // group 8: the block sums as f16 (64 hi + lo), 16 a group; optional
 };
 
 // Types with integer (quantized-activation) kernels.
@@ -108,7 +114,8 @@ void mmq(const DevWeight& w, const DevAct& a, int64_t n_tokens, float* y, int64_
 void mmq_mma_sync(const DevWeight& w, const DevAct& a, int64_t n_tokens, float* y, int64_t y_stride,
                   cudaStream_t stream);
 // Hopper's warpgroup kernel (wgmma, sm_90a code on compute capability 9.0):
-// q4_K, q5_K and padded q6_K with 16-byte aligned weights and activations.
+// q4_K, q5_K and padded q6_K with 16-byte aligned weights and activations
+// (for q4_K and q5_K, sum_split among them).
 // TERN_MMQ_WGMMA=0 turns it off (A/B runs). mmq_wgmma launches nothing and
 // returns false where it does not run.
 bool mmq_wgmma_runs(const DevWeight& w, const DevAct& a, int64_t n_tokens);

@@ -8,7 +8,10 @@
 //   layout wgmma reads as a shared-memory operand;
 // - the rows' blocks, as registered (q6_K padded: the copies take whole
 //   16-byte multiples);
-// - each token's eight block scales (the group scale first).
+// - each token's eight block scales (the group scale first);
+// - where kSums, each token's split block sums (DevAct::sum_split, 32 bytes)
+//   in the 32-byte swizzle (16-byte chunk c of token t at c ^ (t / 4 % 2)),
+//   which wgmma reads as a 16-bit operand of K 16.
 // Rows past the matrix and tokens past the last arrive as zeros.
 #pragma once
 
@@ -30,12 +33,13 @@ __host__ __device__ constexpr int ring_block_bytes(WType t) {
 // kRows rows of kBlockBytes blocks by NT tokens (a multiple of 8) a stage;
 // as many stages as kBudget bytes hold, up to eight (kSmem adds the
 // alignment slack and the barriers).
-template <int kRows, int kBlockBytes, int NT, int kBudget>
+template <int kRows, int kBlockBytes, int NT, int kBudget, bool kSums = false>
 struct SuperBlockRing {
     static constexpr int kHalfBytes = NT * 128;
     static constexpr int kWeightOffset = 2 * kHalfBytes;
     static constexpr int kScaleOffset = kWeightOffset + kRows * kBlockBytes;
-    static constexpr int kCopyBytes = kScaleOffset + NT * 32;
+    static constexpr int kSumOffset = (kScaleOffset + NT * 32 + 1023) / 1024 * 1024;  // a whole swizzle pattern
+    static constexpr int kCopyBytes = kSums ? kSumOffset + NT * 32 : kScaleOffset + NT * 32;
     static constexpr int kStageBytes = (kCopyBytes + 1023) / 1024 * 1024;  // swizzled halves land 1024-aligned
     static constexpr int kStages = kBudget / kStageBytes < 8 ? kBudget / kStageBytes : 8;
     // Dynamic shared memory: the stages (after up to 1,023 bytes of alignment),
@@ -44,6 +48,7 @@ struct SuperBlockRing {
     static_assert(kStages >= 2, "a ring of at least two stages");
     static_assert(kHalfBytes % 1024 == 0, "each swizzled half starts 1024-aligned");
     static_assert(kWeightOffset % 128 == 0 && kScaleOffset % 128 == 0, "tensor copies land 128-byte aligned");
+    static_assert(kSumOffset % 1024 == 0, "the swizzled sums start 1024-aligned");
 
     unsigned char* base;
     uint64_t* full;   // a stage has landed
@@ -69,7 +74,7 @@ struct SuperBlockRing {
     // stage, once the consumers are done with the super-block that stage
     // held before (kc - kStages).
     __device__ void produce(int kc, const CUtensorMap& wmap, const CUtensorMap& qmap, const CUtensorMap& dmap,
-                            int row0, int tok0) const {
+                            int row0, int tok0, const CUtensorMap* smap = nullptr) const {
         const int s = kc % kStages;
         const unsigned use = unsigned(kc / kStages);
         if (use > 0) mbarrier_wait(&empty[s], (use - 1) & 1);
@@ -79,6 +84,7 @@ struct SuperBlockRing {
         tensor_copy(st + kHalfBytes, qmap, 256 * kc + 128, tok0, &full[s]);
         tensor_copy(st + kWeightOffset, wmap, kBlockBytes * kc, row0, &full[s]);
         tensor_copy(st + kScaleOffset, dmap, 8 * kc, tok0, &full[s]);
+        if constexpr (kSums) tensor_copy(st + kSumOffset, *smap, 32 * kc, tok0, &full[s]);
     }
 
     // Until super-block kc has landed; its stage. The warp leaves together:
@@ -103,12 +109,17 @@ struct SuperBlockRing {
 // The maps the copies read: weights (a row's bytes by rows, boxes of one
 // block by box_rows), the tokens' int8 blocks (bytes by tokens, 128-byte
 // boxes by box_tokens, swizzled), their scales (floats by tokens, eight by
-// box_tokens). False where the driver cannot describe them.
+// box_tokens), with `sums` their split sums (bytes by tokens, 32-byte boxes
+// by box_tokens, swizzled). False where the driver cannot describe them.
 struct RingMaps {
-    CUtensorMap w, q, d;
+    CUtensorMap w, q, d, s;
 };
 inline bool encode_ring_maps(RingMaps& m, const DevWeight& w, int box_rows, const DevAct& a, int64_t n,
-                             int box_tokens) {
+                             int box_tokens, bool sums = false) {
+    const uint64_t split_bytes = uint64_t((a.blocks + 7) / 8) * 32;  // a token's split sums
+    if (sums && !encode_map(m.s, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.sum_split, split_bytes, uint64_t(n), split_bytes,
+                            32, uint32_t(box_tokens), CU_TENSOR_MAP_SWIZZLE_32B))
+        return false;
     return encode_map(m.w, CU_TENSOR_MAP_DATA_TYPE_UINT8, w.data, uint64_t(w.row_stride), uint64_t(w.rows),
                       uint64_t(w.row_stride), uint32_t(w.block_stride), uint32_t(box_rows),
                       CU_TENSOR_MAP_SWIZZLE_NONE) &&

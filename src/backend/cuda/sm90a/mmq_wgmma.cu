@@ -13,10 +13,15 @@
 //   to a word in one integer multiply (kHi = 8);
 // - q6_K, whose int8 scales cover 16 elements: each scaled weight splits as
 //   sc * q = 128 hi + lo (hi a small int8, lo in 0..127; kHi = 128).
-// The mins' total X is a third product, against a row whose sub-block j
-// holds its min in every byte. Then one inner term per output and
-// super-block, r = fma(D, inner, r) in super-block order from +0.0, with
-// float(A) rounded once: mmq's bits, the CPU twin's (quant::dot_row_chunked).
+// The mins' total X = sum_j m_j s_j (s_j the tokens' block sums) is one f16
+// product of K 16 against the split sums (DevAct::sum_split, s = 64 hi + lo):
+// a row holds 64 m_j then m_j, every product and sum an integer below 2^22,
+// so the f32 outputs are X exactly. (An int8 product against the tokens
+// themselves, a row holding m_j in every byte of sub-block j, took eight
+// instructions of the tensor cores' time where this takes one; LOG g71.)
+// Then one inner term per output and super-block, r = fma(D, inner, r) in
+// super-block order from +0.0, with float(A) rounded once: mmq's bits, the
+// CPU twin's (quant::dot_row_chunked).
 // What bounds this kernel is the integer and float work its threads issue,
 // not the tensor cores (LOG g68, g69), so that work is kept to a few
 // instructions a word and an output.
@@ -24,10 +29,11 @@
 // A CTA: 128 rows (two warpgroups of 64) by NT tokens. One thread streams
 // super-blocks ahead into a ring of shared-memory stages by tensor copies
 // (super_block_ring.cuh): the tokens in the 128-byte swizzle that wgmma
-// reads from shared memory, the rows' blocks, the tokens' group scales.
-// Each warpgroup decodes its rows' sub-blocks from the stage into the A
-// fragments (registers) and issues the products; the tokens are the B
-// operand, read by the tensor cores from the stage itself.
+// reads from shared memory, the rows' blocks, the tokens' group scales and
+// (q4_K, q5_K) their split sums. Each warpgroup decodes its rows'
+// sub-blocks from the stage into the A fragments (registers) and issues
+// the products; the tokens and their split sums are the B operands, read
+// by the tensor cores from the stage itself.
 #include <cstdint>
 
 #include "backend/cuda/kernels.h"
@@ -45,7 +51,7 @@ constexpr int kThreads = 32 * kWarps;
 constexpr int kRingBytes = 200 * 1024;
 
 template <WType T, int NT>
-using Ring = SuperBlockRing<kRows, ring_block_bytes(T), NT, kRingBytes>;
+using Ring = SuperBlockRing<kRows, ring_block_bytes(T), NT, kRingBytes, T != WType::Q6_K>;
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
@@ -66,18 +72,28 @@ __device__ __forceinline__ Split split_q6(int stored, int s) {
     return {int(__byte_perm(pe >> 7, po >> 7, 0x6240)), int(__byte_perm(pe, po, 0x6240) & 0x7F7F7F7Fu)};
 }
 
-// v as a float, exactly, for |v| < 2^22 (the mins' totals: |X| <= 63 * 128 *
-// 256): an integer add and a float add, where the conversion instruction
-// issues at a fraction of their rate.
-__device__ __forceinline__ float exact_float(int v) {
-    return __fsub_rn(__int_as_float(v + 0x4B400000), 12582912.0f);
+// The A fragment of the mins' product for a row of a q4_K / q5_K header:
+// k 2tig, 2tig + 1 hold 64 m_j and k 2tig + 8, 2tig + 9 hold m_j, j = 2tig,
+// 2tig + 1. The mins' bytes become halves 1024 + m (0x64 above each byte),
+// less 1024: exact, as is 64 m <= 4,032.
+struct MinsFragment {
+    uint32_t scaled, plain;
+};
+__device__ __forceinline__ MinsFragment mins_fragment(const K4Header& hd, int tig) {
+    const uint32_t word = uint32_t((tig & 2) ? hd.mn[1] : hd.mn[0]);
+    const uint32_t bits = __byte_perm(word, 0x64u, (tig & 1) ? 0x4342u : 0x4140u);
+    const __half2 m = __hsub2(*reinterpret_cast<const __half2*>(&bits), __float2half2_rn(1024.0f));
+    const __half2 m64 = __hmul2(m, __float2half2_rn(64.0f));
+    return {*reinterpret_cast<const uint32_t*>(&m64), *reinterpret_cast<const uint32_t*>(&m)};
 }
 
-// A warp's super-block in the making: the integer totals of its outputs,
-// written by the tensor cores while in flight, and its rows' float scales.
+// A warp's super-block in the making: the totals of its outputs (integers;
+// the mins' exact in floats), written by the tensor cores while in flight,
+// and its rows' float scales.
 template <int NT, bool kMins>
 struct Products {
-    int hi[NT / 2], lo[NT / 2], x[kMins ? NT / 2 : 1];
+    int hi[NT / 2], lo[NT / 2];
+    float x[kMins ? NT / 2 : 1];
     float d[2], dmin[2];
 };
 
@@ -88,12 +104,16 @@ __device__ __forceinline__ void issue_products(const unsigned char* st, int lrow
     using R = Ring<T, NT>;
     constexpr bool has_min = T != WType::Q6_K;
     LaneRow<T, WIDE> rw[2];
+    uint32_t mins[4] = {0, 0, 0, 0};
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         rw[h].load(st + R::kWeightOffset + (lrow + 8 * h) * ring_block_bytes(T), tig);
         if constexpr (has_min) {
             p.d[h] = rw[h].hd.d();
             p.dmin[h] = rw[h].hd.dmin();
+            const MinsFragment mf = mins_fragment(rw[h].hd, tig);
+            mins[h] = mf.scaled;
+            mins[2 + h] = mf.plain;
         } else {
             p.d[h] = rw[h].d;
             p.dmin[h] = 0.0f;
@@ -116,17 +136,12 @@ __device__ __forceinline__ void issue_products(const unsigned char* st, int lrow
                 lo[f] = sp.lo;
             }
         }
-        // The mins: row g's and row g + 8's in every byte.
-        int mf[4] = {0, 0, 0, 0};
-        if constexpr (has_min) {
-            mf[0] = mf[2] = rw[0].hd.min_bytes(j);
-            mf[1] = mf[3] = rw[1].hd.min_bytes(j);
-        }
         const uint64_t desc = wgmma_desc_sw128(st + (j >> 2) * R::kHalfBytes + (j & 3) * 32);
         wgmma_fence();  // the fragments were just written
         WgmmaS8<NT>::template run<has_min>(p.hi, hi, desc, j > 0);  // unsigned bytes where has_min
         WgmmaS8<NT>::template run<has_min>(p.lo, lo, desc, j > 0);
-        if constexpr (has_min) WgmmaS8<NT>::run(p.x, mf, desc, j > 0);
+        if constexpr (has_min)
+            if (j == 0) wgmma_f16_m64n64k16(p.x, mins, wgmma_desc_sw32(st + R::kSumOffset));
     }
     wgmma_commit_group();
 }
@@ -144,7 +159,7 @@ __device__ __forceinline__ void add_terms(const unsigned char* st, int tig, cons
         const int h = (i >> 1) & 1, t = 8 * (i >> 2) + 2 * tig + (i & 1);
         const float a = __int2float_rn(kHi * p.hi[i] + p.lo[i]);  // |A| < 2^28: exact, then one rounding
         float inner = __fmul_rn(p.d[h], a);
-        if constexpr (has_min) inner = __fmaf_rn(-p.dmin[h], exact_float(p.x[i]), inner);
+        if constexpr (has_min) inner = __fmaf_rn(-p.dmin[h], p.x[i], inner);
         acc[i] = __fmaf_rn(scale[8 * t], inner, acc[i]);
     }
 }
@@ -160,7 +175,8 @@ __device__ __forceinline__ void add_terms(const unsigned char* st, int tig, cons
 template <WType T, bool WIDE, int NT>
 __global__ void __launch_bounds__(kThreads, 1)
     mmq_wgmma_kernel(const __grid_constant__ CUtensorMap wmap, const __grid_constant__ CUtensorMap qmap,
-                     const __grid_constant__ CUtensorMap dmap, int64_t rows, int nsb, int64_t n,
+                     const __grid_constant__ CUtensorMap dmap, const __grid_constant__ CUtensorMap smap,
+                     int64_t rows, int nsb, int64_t n,
                      float* __restrict__ y, int64_t y_stride) {
     wait_for_prior_grids();  // no early launch of the next grid (launch.cuh)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -178,7 +194,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // neither warpgroup runs more than about a super-block ahead of the other.
     constexpr int ahead = R::kStages - 1;
     if (threadIdx.x == 0)
-        for (int kc = 0; kc < ahead && kc < nsb; ++kc) ring.produce(kc, wmap, qmap, dmap, row0, tok0);
+        for (int kc = 0; kc < ahead && kc < nsb; ++kc) ring.produce(kc, wmap, qmap, dmap, row0, tok0, &smap);
 
     // Warp w holds rows 16w.. of the tile (warpgroup w / 4 the 64 from 64(w / 4)).
     const int tig = lane & 3;
@@ -188,7 +204,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < NT / 2; ++i) acc[i] = 0.0f;
     Products<NT, T != WType::Q6_K> p;
     for (int kc = 0; kc < nsb; ++kc) {
-        if (threadIdx.x == 0 && kc + ahead < nsb) ring.produce(kc + ahead, wmap, qmap, dmap, row0, tok0);
+        if (threadIdx.x == 0 && kc + ahead < nsb) ring.produce(kc + ahead, wmap, qmap, dmap, row0, tok0, &smap);
         const unsigned char* st = ring.wait_full(kc);
         issue_products<T, WIDE, NT>(st, lrow, tig, p);
         wgmma_wait_group<0>();
@@ -212,13 +228,13 @@ constexpr int kTileTokens = 64;
 
 template <WType T, bool WIDE>
 bool launch_tile(const DevWeight& w, const DevAct& a, int64_t n, float* y, int64_t ys, cudaStream_t s) {
-    RingMaps maps;
-    if (!encode_ring_maps(maps, w, kRows, a, n, kTileTokens)) return false;
+    RingMaps maps{};  // q6_K leaves the sums' map unused (no mins)
+    if (!encode_ring_maps(maps, w, kRows, a, n, kTileTokens, T != WType::Q6_K)) return false;
     const dim3 grid(unsigned((w.rows + kRows - 1) / kRows), unsigned((n + kTileTokens - 1) / kTileTokens));
     auto* kernel = mmq_wgmma_kernel<T, WIDE, kTileTokens>;
     constexpr int smem = Ring<T, kTileTokens>::kSmem;
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    launch(kernel, grid, kThreads, smem, s, maps.w, maps.q, maps.d, w.rows, int(w.cols / 256), n, y, ys);
+    launch(kernel, grid, kThreads, smem, s, maps.w, maps.q, maps.d, maps.s, w.rows, int(w.cols / 256), n, y, ys);
     return true;
 }
 
@@ -247,8 +263,10 @@ bool mmq_wgmma_runs(const DevWeight& w, const DevAct& a, int64_t n) {
     if (!allowed || n < 1 || n > int64_t(65535) * kTileTokens || w.rows < 1 || w.rows > int64_t(INT32_MAX))
         return false;
     if (w.type != WType::Q4_K && w.type != WType::Q5_K && w.type != WType::Q6_K) return false;
+    const bool mins = w.type != WType::Q6_K;  // the mins' product reads the split sums
+    if (mins && !a.sum_split) return false;
     const uintptr_t addrs = reinterpret_cast<uintptr_t>(w.data) | reinterpret_cast<uintptr_t>(a.qs) |
-                            reinterpret_cast<uintptr_t>(a.d);
+                            reinterpret_cast<uintptr_t>(a.d) | (mins ? reinterpret_cast<uintptr_t>(a.sum_split) : 0);
     return w.block_stride == ring_block_bytes(w.type) && w.cols % 256 == 0 && w.row_stride % 16 == 0 && a.group == 8 &&
            a.blocks == w.cols / 32 && addrs % 16 == 0 && code_runs_here() && tensor_map_encoder();
 }
