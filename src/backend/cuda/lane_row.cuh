@@ -59,6 +59,22 @@ struct K4Header {
     __device__ int min_bytes(int j) const { return int(__byte_perm(uint32_t(mn[j >> 2]), 0u, 0x1111u * uint32_t(j & 3))); }
     // The eight mins, a byte each, for __dp2a against the block sums.
     __device__ int2 mins() const { return make_int2(mn[0], mn[1]); }
+    // The row's part of an f16 product (k 16) against the tokens' split block
+    // sums (DevAct::sum_split: s >> 6 of sub-blocks 0..7, then s & 63), whose
+    // f32 outputs are the mins' total X = sum_j m_j s_j exactly: k j holds
+    // 64 m_j, k 8 + j holds m_j. Lane tig's pairs (k 2tig, 2tig + 1 and k
+    // 2tig + 8, 2tig + 9) are `scaled` and `plain`: the mins' bytes become
+    // halves 1024 + m (0x64 above each byte), less 1024, all exact.
+    struct MinsF16 {
+        uint32_t scaled, plain;
+    };
+    __device__ MinsF16 mins_f16(int tig) const {
+        const uint32_t word = uint32_t((tig & 2) ? mn[1] : mn[0]);
+        const uint32_t bits = __byte_perm(word, 0x64u, (tig & 1) ? 0x4342u : 0x4140u);
+        const __half2 m = __hsub2(*reinterpret_cast<const __half2*>(&bits), __float2half2_rn(1024.0f));
+        const __half2 m64 = __hmul2(m, __float2half2_rn(64.0f));
+        return {*reinterpret_cast<const uint32_t*>(&m64), *reinterpret_cast<const uint32_t*>(&m)};
+    }
 };
 
 template <>

@@ -39,8 +39,11 @@ struct SuperBlockRing {
     static constexpr int kWeightOffset = 2 * kHalfBytes;
     static constexpr int kScaleOffset = kWeightOffset + kRows * kBlockBytes;
     static constexpr int kSumOffset = (kScaleOffset + NT * 32 + 1023) / 1024 * 1024;  // a whole swizzle pattern
-    static constexpr int kCopyBytes = kSums ? kSumOffset + NT * 32 : kScaleOffset + NT * 32;
-    static constexpr int kStageBytes = (kCopyBytes + 1023) / 1024 * 1024;  // swizzled halves land 1024-aligned
+    // The bytes a stage's copies bring (what its `full` barrier waits for),
+    // and the bytes it spans, the gap before the sums included.
+    static constexpr int kCopyBytes = kScaleOffset + NT * 32 + (kSums ? NT * 32 : 0);
+    static constexpr int kExtent = kSums ? kSumOffset + NT * 32 : kScaleOffset + NT * 32;
+    static constexpr int kStageBytes = (kExtent + 1023) / 1024 * 1024;  // swizzled halves land 1024-aligned
     static constexpr int kStages = kBudget / kStageBytes < 8 ? kBudget / kStageBytes : 8;
     // Dynamic shared memory: the stages (after up to 1,023 bytes of alignment),
     // then a `full` and an `empty` mbarrier a stage.

@@ -72,21 +72,6 @@ __device__ __forceinline__ Split split_q6(int stored, int s) {
     return {int(__byte_perm(pe >> 7, po >> 7, 0x6240)), int(__byte_perm(pe, po, 0x6240) & 0x7F7F7F7Fu)};
 }
 
-// The A fragment of the mins' product for a row of a q4_K / q5_K header:
-// k 2tig, 2tig + 1 hold 64 m_j and k 2tig + 8, 2tig + 9 hold m_j, j = 2tig,
-// 2tig + 1. The mins' bytes become halves 1024 + m (0x64 above each byte),
-// less 1024: exact, as is 64 m <= 4,032.
-struct MinsFragment {
-    uint32_t scaled, plain;
-};
-__device__ __forceinline__ MinsFragment mins_fragment(const K4Header& hd, int tig) {
-    const uint32_t word = uint32_t((tig & 2) ? hd.mn[1] : hd.mn[0]);
-    const uint32_t bits = __byte_perm(word, 0x64u, (tig & 1) ? 0x4342u : 0x4140u);
-    const __half2 m = __hsub2(*reinterpret_cast<const __half2*>(&bits), __float2half2_rn(1024.0f));
-    const __half2 m64 = __hmul2(m, __float2half2_rn(64.0f));
-    return {*reinterpret_cast<const uint32_t*>(&m64), *reinterpret_cast<const uint32_t*>(&m)};
-}
-
 // A warp's super-block in the making: the totals of its outputs (integers;
 // the mins' exact in floats), written by the tensor cores while in flight,
 // and its rows' float scales.
@@ -111,7 +96,7 @@ __device__ __forceinline__ void issue_products(const unsigned char* st, int lrow
         if constexpr (has_min) {
             p.d[h] = rw[h].hd.d();
             p.dmin[h] = rw[h].hd.dmin();
-            const MinsFragment mf = mins_fragment(rw[h].hd, tig);
+            const K4Header::MinsF16 mf = rw[h].hd.mins_f16(tig);
             mins[h] = mf.scaled;
             mins[2 + h] = mf.plain;
         } else {
