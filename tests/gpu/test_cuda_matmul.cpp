@@ -566,12 +566,14 @@ TEST_F(CudaMatmul, WgmmaKernelRunsWhereTheDeviceIsHopper) {
 }
 
 // The mins' product at its extremes: every scale and min 63, and tokens
-// whose block sums reach +-4,064 (all values +-127), +-4,063 and odd values
-// of every residue mod 64, so that the split sums' high and low halves and
-// the f16 product of the wgmma kernel (exact only while every partial sum is
-// an integer below 2^24) are pushed to their bounds; every output must keep
-// the CPU twin's bits, on whichever kernel mmq takes and on the wgmma kernel
-// itself where it runs.
+// whose block sums are +-4,064 (all values +-127) or +-(4,064 - k) for every
+// k in 0..63 (every residue mod 64), one sign across a super-block so that
+// the mins' total reaches 63 * 4,064 * 8 (just under 2^21), and random ones:
+// the split sums' high and low halves and the f16 product of the wgmma
+// kernel (exact only while every partial sum is an integer the accumulator
+// holds) are pushed to their bounds. Every output must keep the CPU twin's
+// bits, on whichever kernel mmq takes and on the wgmma kernel itself where
+// it runs.
 TEST_F(CudaMatmul, KQuantMinsAtTheirExtremesKeepTheCpuBits) {
     SCOPED_TRACE("seed " + std::to_string(seed()));
     const int64_t rows = 130, cols = 4096, n = 200, blocks = cols / 32;
@@ -581,10 +583,12 @@ TEST_F(CudaMatmul, KQuantMinsAtTheirExtremesKeepTheCpuBits) {
         for (int64_t b = 0; b < blocks; ++b) {
             quant::block_q8a& q = acts.q[size_t(t * blocks + b)];
             q.d = 0.0078125f;  // one scale for every group
-            const int sign = (b + t) % 2 ? -1 : 1;
+            const int sign = (b / 8 + t) % 2 ? -1 : 1;  // one sign a super-block
+            int drop = t % 4 == 2 ? int(b % 64) : 0;     // sums +-(4,064 - b % 64)
             for (int e = 0; e < 32; ++e) {
-                int v = 127 * sign;
-                if (t % 4 == 2 && e < int(b % 32)) v -= sign;  // sums 4,064 - b % 32
+                const int less = std::min(drop, 2);
+                drop -= less;
+                int v = sign * (127 - less);
                 if (t % 4 == 3) v = int(rng() % 255) - 127;
                 q.qs[e] = int8_t(v);
             }

@@ -745,10 +745,12 @@ private:
     }
 
     // rows of blocks_per_row blocks: their planes, and their groups of eight
-    // (the last of a row maybe shorter) for the split sums.
+    // (the last of a row maybe shorter) for the split sums. The buffers only
+    // grow: a tensor that fitted before still fits, whichever count grew.
     Status reserve_act(int64_t rows, int64_t blocks_per_row) {
-        const int64_t blocks = rows * blocks_per_row, groups = rows * ((blocks_per_row + 7) / 8);
-        if (blocks <= act_blocks_ && groups <= act_groups_) return {};
+        const int64_t need_blocks = rows * blocks_per_row, need_groups = rows * ((blocks_per_row + 7) / 8);
+        if (need_blocks <= act_blocks_ && need_groups <= act_groups_) return {};
+        const int64_t blocks = std::max(need_blocks, act_blocks_), groups = std::max(need_groups, act_groups_);
         auto qs = device_alloc(size_t(blocks) * 32, "quantized activations");
         if (!qs.ok()) return Error{qs.error().message};
         auto d = device_alloc(size_t(blocks) * sizeof(float), "activation scales");
