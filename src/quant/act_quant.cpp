@@ -5,6 +5,7 @@
 // exact in float for |t| <= 127, so this equals roundf(t) there.
 #include "quant/act_quant.h"
 
+#include "base/fp16.h"
 #include "quant/dot_internal.h"
 
 namespace tern::quant {
@@ -59,6 +60,16 @@ void quantize_act_row_grouped(const float* x, block_q8a* y, int64_t k) {
         const int64_t n = blocks - g < kActGroupBlocks ? blocks - g : kActGroupBlocks;
         const float d = amax_of(x + g * QK8A, n * QK8A) / 127.0f;
         for (int64_t b = g; b < g + n; ++b) quantize_block_on(x + b * QK8A, d, y + b);
+    }
+}
+
+void split_block_sums(const block_q8a* y, int64_t blocks, uint16_t* out) {
+    const int64_t padded = split_sum_count(blocks) / 2;  // whole groups
+    for (int64_t b = 0; b < padded; ++b) {
+        const int32_t s = b < blocks ? y[b].sum : 0;
+        uint16_t* g = out + b / kActGroupBlocks * 16;
+        g[b % kActGroupBlocks] = fp32_to_fp16(float(s >> 6));
+        g[kActGroupBlocks + b % kActGroupBlocks] = fp32_to_fp16(float(s & 63));
     }
 }
 

@@ -162,18 +162,12 @@ struct DeviceActs {
     cuda::DevAct view;
 };
 
-// DevAct::sum_split of rows of `blocks` block sums: per group of eight,
-// s >> 6 then s & 63 as f16 (zeros past a row's last block).
-std::vector<uint16_t> split_sums(const std::vector<int32_t>& sum, int64_t blocks) {
-    const int64_t rows = int64_t(sum.size()) / blocks, groups = (blocks + 7) / 8;
-    std::vector<uint16_t> split(size_t(rows * groups * 16));
+// DevAct::sum_split of rows of `blocks` blocks, by the CPU twin.
+std::vector<uint16_t> split_sums(const std::vector<quant::block_q8a>& q, int64_t blocks) {
+    const int64_t rows = int64_t(q.size()) / blocks, per_row = quant::split_sum_count(blocks);
+    std::vector<uint16_t> split(size_t(rows * per_row));
     for (int64_t t = 0; t < rows; ++t)
-        for (int64_t b = 0; b < groups * 8; ++b) {
-            const int32_t s = b < blocks ? sum[size_t(t * blocks + b)] : 0;
-            uint16_t* g = split.data() + (t * groups + b / 8) * 16;
-            g[b % 8] = fp32_to_fp16(float(s >> 6));
-            g[8 + b % 8] = fp32_to_fp16(float(s & 63));
-        }
+        quant::split_block_sums(q.data() + t * blocks, blocks, split.data() + t * per_row);
     return split;
 }
 
@@ -189,7 +183,7 @@ DeviceActs upload_acts(const HostActs& a) {
         sum[i] = a.q[i].sum;
     }
     DeviceActs out{DeviceBuffer<int8_t>(qs), DeviceBuffer<float>(d), DeviceBuffer<int32_t>(sum),
-                   DeviceBuffer<uint16_t>(split_sums(sum, a.blocks())), {}};
+                   DeviceBuffer<uint16_t>(split_sums(a.q, a.blocks())), {}};
     out.view = {out.qs.get(), out.d.get(), out.sum.get(), a.blocks(), a.group, out.sum_split.get()};
     return out;
 }
@@ -334,8 +328,8 @@ TEST_F(CudaMatmul, QuantizeActGivesTheCpuBytes) {
                 DeviceBuffer<int8_t> qs(32 * n_out);
                 DeviceBuffer<float> d(n_out);
                 DeviceBuffer<int32_t> sum(n_out);
-                const int64_t groups = (blocks + 7) / 8;
-                DeviceBuffer<uint16_t> split(size_t((rows + 1) * groups * 16));
+                const int64_t per_row = quant::split_sum_count(blocks);
+                DeviceBuffer<uint16_t> split(size_t((rows + 1) * per_row));
                 // Two different poisons: an element left unwritten cannot equal both.
                 for (unsigned char poison : {0xFF, 0x5A}) {
                     qs.poison(poison);
@@ -352,15 +346,13 @@ TEST_F(CudaMatmul, QuantizeActGivesTheCpuBytes) {
                     // The split sums (group 8): the first rows' as the CPU's sums give them, the last one's
                     // untouched.
                     const std::vector<uint16_t> got_split = split.download();
-                    std::vector<int32_t> want_sum(size_t(rows * blocks));
-                    for (size_t i = 0; i < want_sum.size(); ++i) want_sum[i] = want[i].sum;
-                    const std::vector<uint16_t> want_split = split_sums(want_sum, blocks);
+                    const std::vector<uint16_t> want_split = split_sums(want, blocks);
                     for (size_t i = 0; i < got_split.size(); ++i) {
                         const uint16_t untouched = uint16_t(poison) * 0x101;
                         const uint16_t expect = group == 8 && i < want_split.size() ? want_split[i] : untouched;
                         ASSERT_EQ(got_split[i], expect) << "split sum " << i % 16 << " of token "
-                                                        << int64_t(i) / (groups * 16) << " group "
-                                                        << int64_t(i) / 16 % groups;
+                                                        << int64_t(i) / per_row << " group "
+                                                        << int64_t(i) % per_row / 16;
                     }
                     for (size_t i = 0; i < n_out; ++i) {
                         const int64_t t = int64_t(i) / blocks, b = int64_t(i) % blocks;

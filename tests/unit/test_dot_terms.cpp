@@ -159,6 +159,35 @@ TEST(DotTerms, GroupedQuantizationSharesTheGroupsScale) {
     }
 }
 
+// The split block sums (the CUDA K-quant mins' operand): per group of eight
+// blocks, 64 hi + lo gives back every block's sum exactly, hi and lo are
+// exact f16 integers (lo in 0..63), and a ragged last group is padded with
+// zeros; sums of every size up to +-4,064 and every residue mod 64.
+TEST(DotTerms, SplitBlockSumsGiveBackEverySum) {
+    std::mt19937 rng(seed());
+    SCOPED_TRACE("seed " + std::to_string(seed()));
+    for (int64_t blocks : {1, 8, 18, 128}) {  // 18: two groups and a ragged one
+        SCOPED_TRACE("blocks " + std::to_string(blocks));
+        std::vector<block_q8a> a(static_cast<size_t>(blocks));
+        for (int64_t b = 0; b < blocks; ++b) {  // both signs with every residue (128 blocks), then the extremes
+            const int32_t size = 64 * int32_t(rng() % 63) + int32_t(b % 64);
+            a[size_t(b)].sum = b / 64 % 2 ? -size : size;
+        }
+        a[0].sum = -4064;
+        if (blocks > 1) a[1].sum = 4064;
+        ASSERT_EQ(split_sum_count(blocks), (blocks + 7) / 8 * 16);
+        std::vector<uint16_t> split(size_t(split_sum_count(blocks)), 0xFFFF);
+        split_block_sums(a.data(), blocks, split.data());
+        for (int64_t b = 0; b < (blocks + 7) / 8 * 8; ++b) {
+            const float hi = fp16_to_fp32(split[size_t(b / 8 * 16 + b % 8)]);
+            const float lo = fp16_to_fp32(split[size_t(b / 8 * 16 + 8 + b % 8)]);
+            ASSERT_EQ(hi, std::trunc(hi)) << "block " << b;
+            ASSERT_TRUE(lo >= 0.0f && lo <= 63.0f && lo == std::trunc(lo)) << "block " << b << ": lo " << lo;
+            ASSERT_EQ(int32_t(64.0f * hi + lo), b < blocks ? a[size_t(b)].sum : 0) << "block " << b;
+        }
+    }
+}
+
 TEST(DotTerms, KquantRowsInTheCudaOrder) {
     std::mt19937 rng(seed());
     SCOPED_TRACE("seed " + std::to_string(seed()));

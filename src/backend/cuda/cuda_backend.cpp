@@ -31,6 +31,7 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/nccl_group.h"
 #include "backend/cuda/ops.h"
+#include "quant/act_quant.h"
 #include "quant/quant.h"
 
 namespace tern::backend {
@@ -744,27 +745,27 @@ private:
         return {};
     }
 
-    // rows of blocks_per_row blocks: their planes, and their groups of eight
-    // (the last of a row maybe shorter) for the split sums. The buffers only
-    // grow: a tensor that fitted before still fits, whichever count grew.
+    // rows of blocks_per_row blocks: their planes and their split sums. The
+    // buffers only grow: a tensor that fitted before still fits, whichever
+    // count grew.
     Status reserve_act(int64_t rows, int64_t blocks_per_row) {
-        const int64_t need_blocks = rows * blocks_per_row, need_groups = rows * ((blocks_per_row + 7) / 8);
-        if (need_blocks <= act_blocks_ && need_groups <= act_groups_) return {};
-        const int64_t blocks = std::max(need_blocks, act_blocks_), groups = std::max(need_groups, act_groups_);
+        const int64_t need_blocks = rows * blocks_per_row, need_split = rows * quant::split_sum_count(blocks_per_row);
+        if (need_blocks <= act_blocks_ && need_split <= act_split_) return {};
+        const int64_t blocks = std::max(need_blocks, act_blocks_), split_count = std::max(need_split, act_split_);
         auto qs = device_alloc(size_t(blocks) * 32, "quantized activations");
         if (!qs.ok()) return Error{qs.error().message};
         auto d = device_alloc(size_t(blocks) * sizeof(float), "activation scales");
         if (!d.ok()) return Error{d.error().message};
         auto s = device_alloc(size_t(blocks) * sizeof(int32_t), "activation sums");
         if (!s.ok()) return Error{s.error().message};
-        auto split = device_alloc(size_t(groups) * 16 * sizeof(uint16_t), "activation sums (split)");
+        auto split = device_alloc(size_t(split_count) * sizeof(uint16_t), "activation sums (split)");
         if (!split.ok()) return Error{split.error().message};
         act_qs_ = static_cast<int8_t*>(*qs);
         act_d_ = static_cast<float*>(*d);
         act_sum_ = static_cast<int32_t*>(*s);
         act_sum_split_ = static_cast<uint16_t*>(*split);
         act_blocks_ = blocks;
-        act_groups_ = groups;
+        act_split_ = split_count;
         return {};
     }
 
@@ -999,7 +1000,7 @@ private:
     float* act_d_ = nullptr;
     int32_t* act_sum_ = nullptr;
     uint16_t* act_sum_split_ = nullptr;
-    int64_t act_groups_ = 0;
+    int64_t act_split_ = 0;  // values in act_sum_split_
     int64_t act_blocks_ = 0;
 
     int32_t *pos_dev_ = nullptr, *slot_dev_ = nullptr, *rows_dev_ = nullptr, *tiles_dev_ = nullptr;

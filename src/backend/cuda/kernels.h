@@ -12,9 +12,9 @@
 //   integer sum at sum[t * blocks + b]. With group 8, sum_split (where not
 //   null) also holds each group's eight block sums s as sixteen f16 values,
 //   s >> 6 of blocks 0..7, then s & 63 of blocks 0..7 (so s = 64 hi + lo,
-//   every value exact in f16): the operand of mmq_wgmma's product of the
-//   K-quant mins, token t's group g at sum_split + (t * groups + g) * 16,
-//   groups = ceil(blocks / 8). With group 1, the values of
+//   every value exact in f16; quant::split_block_sums is the CPU twin): the
+//   operand of mmq_wgmma's product of the K-quant mins, token t's at
+//   sum_split + t * quant::split_sum_count(blocks). With group 1, the values of
 //   quant::quantize_act_row (one scale per block); with group 8, those of
 //   quant::quantize_act_row_grouped (one scale per 256 elements, repeated in
 //   each block), which the K-quant kernels require (act_group).

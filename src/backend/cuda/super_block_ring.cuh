@@ -22,6 +22,7 @@
 #include "backend/cuda/bulk_copy.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/tensor_map.h"
+#include "quant/act_quant.h"
 
 namespace tern::cuda {
 
@@ -119,7 +120,7 @@ struct RingMaps {
 };
 inline bool encode_ring_maps(RingMaps& m, const DevWeight& w, int box_rows, const DevAct& a, int64_t n,
                              int box_tokens, bool sums = false) {
-    const uint64_t split_bytes = uint64_t((a.blocks + 7) / 8) * 32;  // a token's split sums
+    const uint64_t split_bytes = uint64_t(quant::split_sum_count(a.blocks)) * 2;  // a token's split sums
     if (sums && !encode_map(m.s, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.sum_split, split_bytes, uint64_t(n), split_bytes,
                             32, uint32_t(box_tokens), CU_TENSOR_MAP_SWIZZLE_32B))
         return false;
