@@ -808,8 +808,12 @@ Value g_namespace(Args& a) { return Value::namespace_of(dict_of_args(a, "namespa
 Value g_dict(Args& a) { return Value(dict_of_args(a, "dict")); }
 
 Value g_raise_exception(Args& a) {
-    // Hugging Face raises TemplateError(message): the message alone.
-    throw TemplateError{a.get(0, "message", Value("raise_exception() was called")).str(), 0};
+    // Hugging Face raises TemplateError(message): the message alone. An
+    // empty one (raise_exception(''), or of a name the context lacks) would
+    // say nothing, so it says where the template raised it.
+    std::string message = a.get(0, "message", Value("raise_exception() was called")).str();
+    if (message.empty()) throw TemplateError{"raise_exception() was called with an empty message", a.line};
+    throw TemplateError{std::move(message), 0};
 }
 
 Value g_strftime_now(Args& a) {

@@ -86,6 +86,10 @@ TEST(Jinja, SyntaxErrorsNameTheirLine) {
 
 TEST(Jinja, RaiseExceptionCarriesTheTemplatesMessage) {
     EXPECT_EQ(render("{{ raise_exception('roles must alternate') }}"), "RENDER ERROR: roles must alternate");
+    // An empty message (or an undefined name's) still says what happened, and where.
+    for (const char* empty : {"\n{{ raise_exception('') }}", "\n{{ raise_exception(no_such_name) }}"})
+        EXPECT_EQ(render(empty), "RENDER ERROR: template line 2: raise_exception() was called with an empty message")
+            << empty;
 }
 
 // Python refuses a keyword a function does not take; a template relying on
