@@ -64,10 +64,10 @@ void quantize_act_row_grouped(const float* x, block_q8a* y, int64_t k) {
 }
 
 void split_block_sums(const block_q8a* y, int64_t blocks, uint16_t* out) {
-    const int64_t padded = split_sum_count(blocks) / 2;  // whole groups
-    for (int64_t b = 0; b < padded; ++b) {
+    const int64_t groups = (blocks + kActGroupBlocks - 1) / kActGroupBlocks;
+    for (int64_t b = 0; b < groups * kActGroupBlocks; ++b) {  // a ragged last group padded with zeros
         const int32_t s = b < blocks ? y[b].sum : 0;
-        uint16_t* g = out + b / kActGroupBlocks * 16;
+        uint16_t* g = out + b / kActGroupBlocks * kSplitSumsPerGroup;
         g[b % kActGroupBlocks] = fp32_to_fp16(float(s >> 6));
         g[kActGroupBlocks + b % kActGroupBlocks] = fp32_to_fp16(float(s & 63));
     }

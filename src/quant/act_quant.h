@@ -43,11 +43,14 @@ void quantize_act_row_grouped(const float* x, block_q8a* y, int64_t k);
 
 // A row's block sums split for an f16 tensor-core product (the CUDA
 // backend's K-quant mins, backend/cuda/kernels.h DevAct::sum_split): per
-// group of kActGroupBlocks blocks, sixteen f16 values (bits), s >> 6 of each
+// group of kActGroupBlocks blocks, kSplitSumsPerGroup f16 values (bits), s >> 6 of each
 // block, then s & 63 (s = 64 hi + lo, each exact in f16), zeros for the
 // blocks past the row's end. split_sum_count: how many a row of `blocks`
 // blocks has.
-constexpr int64_t split_sum_count(int64_t blocks) { return (blocks + kActGroupBlocks - 1) / kActGroupBlocks * 16; }
+constexpr int64_t kSplitSumsPerGroup = 2 * kActGroupBlocks;
+constexpr int64_t split_sum_count(int64_t blocks) {
+    return (blocks + kActGroupBlocks - 1) / kActGroupBlocks * kSplitSumsPerGroup;
+}
 void split_block_sums(const block_q8a* y, int64_t blocks, uint16_t* out);
 
 }  // namespace tern::quant
