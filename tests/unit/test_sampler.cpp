@@ -302,7 +302,9 @@ TEST(Sampler, TopKDrawsFollowTheRenormalizedTopK) {
     Sampler s(p, 50);
     std::vector<int> order(50);
     std::iota(order.begin(), order.end(), 0);
-    std::sort(order.begin(), order.end(), [&](int a, int b) { return l[size_t(a)] > l[size_t(b)]; });
+    // The sampler's order: equal logits go to the lower id (random floats tie now and then).
+    std::sort(order.begin(), order.end(),
+              [&](int a, int b) { return l[size_t(a)] > l[size_t(b)] || (l[size_t(a)] == l[size_t(b)] && a < b); });
     std::vector<float> top = {l[size_t(order[0])], l[size_t(order[1])], l[size_t(order[2])]};
     const int n = 150000;
     std::vector<int> counts(3, 0);
