@@ -561,11 +561,11 @@ TEST_F(CudaMatmul, WgmmaKernelRunsWhereTheDeviceIsHopper) {
 // whose block sums are +-4,064 (all values +-127) or +-(4,064 - k) for every
 // k in 0..63 (every residue mod 64), one sign across a super-block so that
 // the mins' total reaches 63 * 4,064 * 8 (just under 2^21), and random ones:
-// the split sums' high and low halves and the f16 product of the wgmma
-// kernel (exact only while every partial sum is an integer the accumulator
-// holds) are pushed to their bounds. Every output must keep the CPU twin's
-// bits, on whichever kernel mmq takes and on the wgmma kernel itself where
-// it runs.
+// the split sums' high and low halves and the f16 products of the wgmma and
+// the streamed mmq_batch kernels (exact only while every partial sum is an
+// integer the accumulator holds) are pushed to their bounds. Every output
+// must keep the CPU twin's bits, on whichever kernel mmq takes, on the wgmma
+// kernel itself where it runs, and on mmq_batch.
 TEST_F(CudaMatmul, KQuantMinsAtTheirExtremesKeepTheCpuBits) {
     SCOPED_TRACE("seed " + std::to_string(seed()));
     const int64_t rows = 130, cols = 4096, n = 200, blocks = cols / 32;
@@ -612,6 +612,10 @@ TEST_F(CudaMatmul, KQuantMinsAtTheirExtremesKeepTheCpuBits) {
             if (cuda::mmq_wgmma_runs(dw.view, dev_acts.view, tokens))
                 run_and_check(IntKernel::mmq_wgmma, dw.view, dev_acts.view, tokens, ref, what + " mmq_wgmma");
         }
+        // mmq_batch, whose streamed kernel (16 tokens and more) takes X from the split sums too.
+        for (int64_t tokens : {8, 16, 40, 64})
+            run_and_check(IntKernel::mmq_batch, dw.view, dev_acts.view, tokens, ref,
+                          type_name(type) + " " + std::to_string(tokens) + " tokens mmq_batch");
     }
 }
 

@@ -33,6 +33,7 @@
 #include "backend/cuda/cp_async.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/ldmatrix.cuh"
+#include "backend/cuda/mma_f16.cuh"
 
 namespace tern::cuda::attn {
 namespace {
@@ -49,14 +50,6 @@ struct Shape {
     int seg_len = 0;      // positions per segment (grid y)
     float scale = 0.0f;
 };
-
-__device__ __forceinline__ void mma_f16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 __device__ __forceinline__ unsigned half2_bits(__half2 h) { return *reinterpret_cast<unsigned*>(&h); }
 

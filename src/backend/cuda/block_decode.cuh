@@ -261,6 +261,11 @@ __device__ __forceinline__ float block_term(float d, float m, int H, float da, i
 __device__ __forceinline__ float kquant_inner_min(float d, float dmin, int A, int X) {
     return __fmaf_rn(-dmin, __int2float_rn(X), __fmul_rn(d, __int2float_rn(A)));
 }
+// The same with X a float already (the f32 outputs of an f16 product against
+// the split block sums, exact: |X| < 2^22).
+__device__ __forceinline__ float kquant_inner_min(float d, float dmin, int A, float X) {
+    return __fmaf_rn(-dmin, X, __fmul_rn(d, __int2float_rn(A)));
+}
 __device__ __forceinline__ float kquant_inner_scale(float d, int A) { return __fmul_rn(d, __int2float_rn(A)); }
 
 // Calls f(TypeTag<T, WIDE>{}) for a weight's type and layout (WIDE: q6_K in

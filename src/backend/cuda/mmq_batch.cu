@@ -28,6 +28,7 @@
 #include "backend/cuda/lane_row.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/ldmatrix.cuh"
+#include "backend/cuda/mma_f16.cuh"
 #include "backend/cuda/mma_int8.cuh"
 #include "backend/cuda/super_block_ring.cuh"
 #include "backend/cuda/tensor_map.h"
@@ -235,20 +236,22 @@ __global__ void __launch_bounds__(kThreads) mmq_batch_kernel(DevWeight w, DevAct
 // Sub-block jx of rows g and g + 8 (r0, r1) as lane (g, tig) feeds the
 // tensor cores: the A fragment, the integer scales per 16-element half, and
 // for q4_K / q5_K the mins in every byte of a row (the mins' term X as one
-// more mma against the tokens).
-template <WType T, bool WIDE>
+// more mma against the tokens), unless kMins is off (the streamed kernel
+// takes X from one f16 product a super-block instead).
+template <WType T, bool WIDE, bool kMins = true>
 struct SubBlockRows {
-    static constexpr bool has_min = T != WType::Q6_K;
     int af[4];
     int sc[2][2];  // [row g, g + 8][half]
     int mf[4];
     __device__ __forceinline__ SubBlockRows(const LaneRow<T, WIDE>& r0, const LaneRow<T, WIDE>& r1, int jx)
         : af{r0.vals(jx, 0), r1.vals(jx, 0), r0.vals(jx, 1), r1.vals(jx, 1)} {
-        if constexpr (has_min) {
+        if constexpr (T != WType::Q6_K) {
             sc[0][0] = sc[0][1] = r0.hd.scale(jx);
             sc[1][0] = sc[1][1] = r1.hd.scale(jx);
-            mf[0] = mf[2] = r0.hd.min_bytes(jx);  // row g: its min in every byte
-            mf[1] = mf[3] = r1.hd.min_bytes(jx);  // row g + 8
+            if constexpr (kMins) {
+                mf[0] = mf[2] = r0.hd.min_bytes(jx);  // row g: its min in every byte
+                mf[1] = mf[3] = r1.hd.min_bytes(jx);  // row g + 8
+            }
         } else {
             sc[0][0] = r0.scale(jx, 0), sc[0][1] = r0.scale(jx, 1);
             sc[1][0] = r1.scale(jx, 0), sc[1][1] = r1.scale(jx, 1);
@@ -268,7 +271,7 @@ struct SubBlockRows {
             mma_k32(h0, af, b0, b1);
 #pragma unroll
             for (int e = 0; e < 4; ++e) ia[e] += sc[e >> 1][0] * h0[e];
-            mma_k32_acc(ix, mf, b0, b1);
+            if constexpr (T != WType::Q6_K && kMins) mma_k32_acc(ix, mf, b0, b1);
         }
     }
 };
@@ -443,7 +446,8 @@ struct Stream {
     static constexpr int kConsumers = 2 * kGroups;
     static constexpr int kThreads = 32 * (kConsumers + 1);  // and the producer
     static constexpr int kBlockBytes = ring_block_bytes(T);
-    using Ring = SuperBlockRing<kRows, kBlockBytes, NT, kStreamSmem>;
+    static constexpr bool kMins = T != WType::Q6_K;  // the split sums come with each stage
+    using Ring = SuperBlockRing<kRows, kBlockBytes, NT, kStreamSmem, kMins>;
 };
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
@@ -471,11 +475,12 @@ __device__ __forceinline__ void stream_super_block(const unsigned char* st, int 
     // tiles evenly, and then known at compile time, so the sub-block's
     // decode is shared by the tiles instead of repeated under each test.
     auto has_tile = [th](int q) { return S::kGroups * QW == S::kTiles || th + S::kGroups * q < S::kTiles; };
-    int ia[QW][4], ix[QW][4];
+    int ia[QW][4], ix[QW][4];  // ix unused: X comes from the f16 product below
+    float fx[QW][4];
 #pragma unroll
     for (int q = 0; q < QW; ++q)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) ia[q][e] = ix[q][e] = 0;
+        for (int e = 0; e < 4; ++e) ia[q][e] = 0, fx[q][e] = 0.0f;
 #pragma unroll
     for (int j = 0; j < 8; j += 2) {
         int b[QW][4];  // [tile][sub-block j half 0, half 1, j + 1 half 0, half 1]
@@ -486,10 +491,26 @@ __device__ __forceinline__ void stream_super_block(const unsigned char* st, int 
                 ldmatrix_x4(b[q], st + (j >> 2) * R::kHalfBytes + (8 * (th + S::kGroups * q) + lrow) * 128 + 16 * chunk);
 #pragma unroll
         for (int jj = 0; jj < 2; ++jj) {
-            const SubBlockRows<T, WIDE> sb(rw[0], rw[1], j + jj);
+            const SubBlockRows<T, WIDE, false> sb(rw[0], rw[1], j + jj);
 #pragma unroll
             for (int q = 0; q < QW; ++q)
                 if (has_tile(q)) sb.tile_sums(b[q][2 * jj], b[q][2 * jj + 1], ia[q], ix[q]);
+        }
+    }
+    // The mins' total X of every output at once: one f16 product a tile
+    // against the tokens' split sums (K4Header::mins_f16). B: token 8 * tile
+    // + g's halves 2tig.. (chunk 0) and 8 + 2tig.. (chunk 1), in the 32-byte
+    // swizzle (chunk c of token t at c ^ (t / 4 % 2)).
+    if constexpr (has_min) {
+        const K4Header::MinsF16 m0 = rw[0].hd.mins_f16(tig), m1 = rw[1].hd.mins_f16(tig);
+        const unsigned am[4] = {m0.scaled, m1.scaled, m0.plain, m1.plain};
+#pragma unroll
+        for (int q = 0; q < QW; ++q) {
+            if (!has_tile(q)) continue;
+            const int t = 8 * (th + S::kGroups * q) + g, flip = (t >> 2) & 1;
+            const unsigned char* sums = st + R::kSumOffset + 32 * t + 4 * tig;
+            mma_f16(fx[q], am, *reinterpret_cast<const unsigned*>(sums + 16 * flip),
+                        *reinterpret_cast<const unsigned*>(sums + 16 * (1 - flip)));
         }
     }
 
@@ -503,7 +524,7 @@ __device__ __forceinline__ void stream_super_block(const unsigned char* st, int 
             const int h = e >> 1, t = 8 * tile + 2 * tig + (e & 1);
             float inner;
             if constexpr (has_min)
-                inner = kquant_inner_min(rw[h].hd.d(), rw[h].hd.dmin(), ia[q][e], ix[q][e]);
+                inner = kquant_inner_min(rw[h].hd.d(), rw[h].hd.dmin(), ia[q][e], fx[q][e]);
             else
                 inner = kquant_inner_scale(rw[h].d, ia[q][e]);
             acc[q][e] = __fmaf_rn(scale[8 * t], inner, acc[q][e]);
@@ -522,7 +543,8 @@ __device__ __forceinline__ void stream_super_block(const unsigned char* st, int 
 template <WType T, bool WIDE, int NT>
 __global__ void __launch_bounds__(Stream<T, WIDE, NT>::kThreads, 2)
     mmq_batch_stream_kernel(const __grid_constant__ CUtensorMap wmap, const __grid_constant__ CUtensorMap qmap,
-                            const __grid_constant__ CUtensorMap dmap, int64_t rows, int nsb, int n,
+                            const __grid_constant__ CUtensorMap dmap, const __grid_constant__ CUtensorMap smap,
+                            int64_t rows, int nsb, int n,
                             float* __restrict__ y, int64_t y_stride) {
     wait_for_prior_grids();  // no early launch of the next grid (launch.cuh)
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
@@ -536,7 +558,7 @@ __global__ void __launch_bounds__(Stream<T, WIDE, NT>::kThreads, 2)
 
     if (warp == S::kConsumers) {
         if (lane != 0) return;
-        for (int kc = 0; kc < nsb; ++kc) ring.produce(kc, wmap, qmap, dmap, row0, 0);
+        for (int kc = 0; kc < nsb; ++kc) ring.produce(kc, wmap, qmap, dmap, row0, 0, &smap);
         return;
     }
 
@@ -581,13 +603,14 @@ int stream_from() {
 template <WType T, bool WIDE, int NT>
 bool launch_stream(const DevWeight& w, const DevAct& a, int n, float* y, int64_t ys, cudaStream_t s) {
     using S = Stream<T, WIDE, NT>;
-    RingMaps maps;
-    if (!encode_ring_maps(maps, w, kRows, a, n, NT)) return false;
+    RingMaps maps{};  // q6_K leaves the sums' map unused (no mins)
+    if (S::kMins && !a.sum_split) return false;
+    if (!encode_ring_maps(maps, w, kRows, a, n, NT, S::kMins)) return false;
     const unsigned grid = unsigned((w.rows + kRows - 1) / kRows);
     constexpr int smem = S::Ring::kSmem;
     cudaFuncSetAttribute(mmq_batch_stream_kernel<T, WIDE, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    launch_in_order(mmq_batch_stream_kernel<T, WIDE, NT>, grid, S::kThreads, smem, s, maps.w, maps.q, maps.d, w.rows,
-                    int(w.cols / 256), n, y, ys);
+    launch_in_order(mmq_batch_stream_kernel<T, WIDE, NT>, grid, S::kThreads, smem, s, maps.w, maps.q, maps.d, maps.s,
+                    w.rows, int(w.cols / 256), n, y, ys);
     return true;
 }
 
