@@ -271,7 +271,7 @@ struct SubBlockRows {
             mma_k32(h0, af, b0, b1);
 #pragma unroll
             for (int e = 0; e < 4; ++e) ia[e] += sc[e >> 1][0] * h0[e];
-            if constexpr (T != WType::Q6_K && kMins) mma_k32_acc(ix, mf, b0, b1);
+            if constexpr (kMins) mma_k32_acc(ix, mf, b0, b1);
         }
     }
 };
