@@ -112,8 +112,9 @@ void make_acts(Acts& a, int64_t cols, int group, int64_t n_tokens, uint64_t seed
     std::vector<int32_t> sum(nb);
     // The split sums (group 8 only: quantize_act writes them for the K-quants).
     const int64_t split_row = quant::split_sum_count(blocks);
-    std::vector<uint16_t> split(size_t(n_tokens * split_row)), want_split;
+    std::vector<uint16_t> split, want_split;
     if (group == 8) {
+        split.resize(size_t(n_tokens * split_row));
         want_split.resize(split.size());
         for (int64_t t = 0; t < n_tokens; ++t)
             quant::split_block_sums(a.host.data() + t * blocks, blocks, want_split.data() + t * split_row);

@@ -258,13 +258,13 @@ __device__ __forceinline__ float block_term(float d, float m, int H, float da, i
 // A K-quant super-block's inner term from its integer totals A (sum of sc * q
 // * a) and X (sum of mn * S): quant/dot_internal.h kquant_inner_min (q4_K,
 // q5_K) and kquant_inner_scale (q6_K). The caller adds r = fma(D, inner, r).
-__device__ __forceinline__ float kquant_inner_min(float d, float dmin, int A, int X) {
-    return __fmaf_rn(-dmin, __int2float_rn(X), __fmul_rn(d, __int2float_rn(A)));
-}
-// The same with X a float already (the f32 outputs of an f16 product against
+// X may come as a float already (the f32 outputs of an f16 product against
 // the split block sums, exact: |X| < 2^22).
 __device__ __forceinline__ float kquant_inner_min(float d, float dmin, int A, float X) {
     return __fmaf_rn(-dmin, X, __fmul_rn(d, __int2float_rn(A)));
+}
+__device__ __forceinline__ float kquant_inner_min(float d, float dmin, int A, int X) {
+    return kquant_inner_min(d, dmin, A, __int2float_rn(X));
 }
 __device__ __forceinline__ float kquant_inner_scale(float d, int A) { return __fmul_rn(d, __int2float_rn(A)); }
 

@@ -235,11 +235,12 @@ __global__ void __launch_bounds__(kThreads) mmq_batch_kernel(DevWeight w, DevAct
 
 // Sub-block jx of rows g and g + 8 (r0, r1) as lane (g, tig) feeds the
 // tensor cores: the A fragment, the integer scales per 16-element half, and
-// for q4_K / q5_K the mins in every byte of a row (the mins' term X as one
-// more mma against the tokens), unless kMins is off (the streamed kernel
-// takes X from one f16 product a super-block instead).
-template <WType T, bool WIDE, bool kMins = true>
+// with kMins (q4_K / q5_K) the mins in every byte of a row, for the mins'
+// term X as one more mma against the tokens (tile_mins). The streamed kernel
+// leaves kMins off: it takes X from one f16 product a super-block instead.
+template <WType T, bool WIDE, bool kMins = T != WType::Q6_K>
 struct SubBlockRows {
+    static_assert(!kMins || T != WType::Q6_K, "q6_K has no mins");
     int af[4];
     int sc[2][2];  // [row g, g + 8][half]
     int mf[4];
@@ -258,8 +259,8 @@ struct SubBlockRows {
         }
     }
     // One tile of 8 tokens (b0, b1: the sub-block's halves): A += scale * H
-    // per output, and X += the mins' products.
-    __device__ __forceinline__ void tile_sums(int b0, int b1, int (&ia)[4], int (&ix)[4]) const {
+    // per output.
+    __device__ __forceinline__ void tile_sums(int b0, int b1, int (&ia)[4]) const {
         int h0[4];
         if constexpr (T == WType::Q6_K) {
             int h1[4];
@@ -271,8 +272,12 @@ struct SubBlockRows {
             mma_k32(h0, af, b0, b1);
 #pragma unroll
             for (int e = 0; e < 4; ++e) ia[e] += sc[e >> 1][0] * h0[e];
-            if constexpr (kMins) mma_k32_acc(ix, mf, b0, b1);
         }
+    }
+    // The same tile's X += the mins' products.
+    __device__ __forceinline__ void tile_mins(int b0, int b1, int (&ix)[4]) const {
+        static_assert(kMins, "the rows were decoded without their mins");
+        mma_k32_acc(ix, mf, b0, b1);
     }
 };
 
@@ -343,7 +348,10 @@ __device__ __forceinline__ void super_block_staged(const LaneRow<T, WIDE> (&rw)[
                     const SubBlockRows<T, WIDE> sb(rw[mi][0], rw[mi][1], j + jj);
 #pragma unroll
                     for (int q = 0; q < 4; ++q)
-                        if (4 * p + q < NN) sb.tile_sums(b[q][2 * jj], b[q][2 * jj + 1], ia[mi][q], ix[mi][q]);
+                        if (4 * p + q < NN) {
+                            sb.tile_sums(b[q][2 * jj], b[q][2 * jj + 1], ia[mi][q]);
+                            if constexpr (has_min) sb.tile_mins(b[q][2 * jj], b[q][2 * jj + 1], ix[mi][q]);
+                        }
                 }
         }
         __syncwarp();  // every lane is past its reads of this pass's token rows
@@ -459,7 +467,6 @@ __device__ __forceinline__ void stream_super_block(const unsigned char* st, int 
                                                    float (&acc)[Stream<T, WIDE, NT>::kTilesPerWarp][4]) {
     using S = Stream<T, WIDE, NT>;
     using R = typename S::Ring;
-    constexpr bool has_min = T != WType::Q6_K;
     constexpr int QW = S::kTilesPerWarp;
     const int lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
     // ldmatrix: lanes 8m..8m+7 address token row (lane & 7) of matrix m,
@@ -475,8 +482,8 @@ __device__ __forceinline__ void stream_super_block(const unsigned char* st, int 
     // tiles evenly, and then known at compile time, so the sub-block's
     // decode is shared by the tiles instead of repeated under each test.
     auto has_tile = [th](int q) { return S::kGroups * QW == S::kTiles || th + S::kGroups * q < S::kTiles; };
-    int ia[QW][4], ix[QW][4];  // ix unused: X comes from the f16 product below
-    float fx[QW][4];
+    int ia[QW][4];    // A per output
+    float fx[QW][4];  // X per output, from the f16 product below
 #pragma unroll
     for (int q = 0; q < QW; ++q)
 #pragma unroll
@@ -494,14 +501,14 @@ __device__ __forceinline__ void stream_super_block(const unsigned char* st, int 
             const SubBlockRows<T, WIDE, false> sb(rw[0], rw[1], j + jj);
 #pragma unroll
             for (int q = 0; q < QW; ++q)
-                if (has_tile(q)) sb.tile_sums(b[q][2 * jj], b[q][2 * jj + 1], ia[q], ix[q]);
+                if (has_tile(q)) sb.tile_sums(b[q][2 * jj], b[q][2 * jj + 1], ia[q]);
         }
     }
     // The mins' total X of every output at once: one f16 product a tile
     // against the tokens' split sums (K4Header::mins_f16). B: token 8 * tile
     // + g's halves 2tig.. (chunk 0) and 8 + 2tig.. (chunk 1), in the 32-byte
     // swizzle (chunk c of token t at c ^ (t / 4 % 2)).
-    if constexpr (has_min) {
+    if constexpr (S::kMins) {
         const K4Header::MinsF16 m0 = rw[0].hd.mins_f16(tig), m1 = rw[1].hd.mins_f16(tig);
         const unsigned am[4] = {m0.scaled, m1.scaled, m0.plain, m1.plain};
 #pragma unroll
@@ -523,7 +530,7 @@ __device__ __forceinline__ void stream_super_block(const unsigned char* st, int 
         for (int e = 0; e < 4; ++e) {
             const int h = e >> 1, t = 8 * tile + 2 * tig + (e & 1);
             float inner;
-            if constexpr (has_min)
+            if constexpr (S::kMins)
                 inner = kquant_inner_min(rw[h].hd.d(), rw[h].hd.dmin(), ia[q][e], fx[q][e]);
             else
                 inner = kquant_inner_scale(rw[h].d, ia[q][e]);
