@@ -122,6 +122,11 @@ public:
     virtual Status map_kv_pages(int slot, const std::vector<int32_t>& pages) = 0;
     virtual void upload(const float* host, Tensor dst) = 0;   // dst.rows*dst.cols floats
     virtual void download(Tensor src, float* host) = 0;
+    // host[r] = the greedy pick of row r of x: the first index of its largest
+    // value, NaN read as -inf, -1 when none is above -inf (the CPU's
+    // cpu::argmax_first). Like download, the values are there on return; a
+    // sampler that draws greedily then needs no row copied back.
+    virtual void argmax_rows(Tensor x, int32_t* host) = 0;
 
     // --- per-batch state used by rope / kv_store / attention ---
     virtual void set_batch(const BatchLayout& layout) = 0;

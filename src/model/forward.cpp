@@ -105,7 +105,7 @@ Status Forward::map_kv_pages(int slot, const std::vector<int32_t>& pages) {
     return {};
 }
 
-Status Forward::run(const Batch& batch, Logits& logits) {
+Status Forward::run(const Batch& batch, Logits& logits, Picks* picks) {
     const Hparams& h = m_.hp;
     const int64_t n = int64_t(batch.size());
     if (n == 0) return Error{"forward: empty batch"};
@@ -128,6 +128,8 @@ Status Forward::run(const Batch& batch, Logits& logits) {
     }
     for (int32_t i : batch.logits_for)
         if (i < 0 || i >= n) return Error{"forward: logits row " + std::to_string(i) + " is outside the batch"};
+    if (picks && batch.pick_only.size() != batch.logits_for.size())
+        return Error{"forward: the batch's pick flags differ in length from its logits rows"};
 
     auto rows = [n](Tensor t) { t.rows = n; return t; };
     backend::RopeParams rope = h.rope;
@@ -151,7 +153,9 @@ Status Forward::run(const Batch& batch, Logits& logits) {
         return be_.take_error();
     }
     // The head in pieces of logits_rows_ rows: a row's logits do not depend
-    // on the rows beside it, so the pieces give the bits of one call.
+    // on the rows beside it, so the pieces give the bits of one call. A piece
+    // is copied back unless every row of it wants only its pick.
+    if (picks) picks->assign(size_t(m), -1);
     std::vector<int32_t> piece;
     for (int64_t r0 = 0; r0 < m; r0 += logits_rows_) {
         const int64_t r = std::min(logits_rows_, m - r0);
@@ -162,7 +166,10 @@ Status Forward::run(const Batch& batch, Logits& logits) {
         be_.gather_rows(x, piece, sel);
         be_.rms_norm(sel, m_.output_norm, h.norm_eps, sel);
         be_.matmul(m_.output, sel, out);
-        be_.download(out, logits.data() + size_t(r0) * size_t(m_.output.rows));
+        bool any_pick = false, any_row = !picks;
+        for (int64_t j = r0; picks && j < r0 + r; ++j) (batch.pick_only[size_t(j)] ? any_pick : any_row) = true;
+        if (any_pick) be_.argmax_rows(out, picks->data() + r0);
+        if (any_row) be_.download(out, logits.data() + size_t(r0) * size_t(m_.output.rows));
     }
     return be_.take_error();
 }

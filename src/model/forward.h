@@ -30,9 +30,17 @@ struct Batch {
     std::vector<int32_t> pos;          // position of each token in its sequence
     std::vector<int32_t> slot;         // KV-cache slot (sequence) of each token
     std::vector<int32_t> logits_for;   // indices into tokens whose logits are wanted
+    // Per logits_for entry: 1 where only the row's greedy pick is wanted
+    // (Pass::run's picks), not the row itself.
+    std::vector<uint8_t> pick_only;
 
-    void add(int32_t token, int32_t position, int32_t kv_slot, bool want_logits) {
-        if (want_logits) logits_for.push_back(int32_t(tokens.size()));
+    // want_logits: the token's logits row is wanted; pick_only (with it): only
+    // its greedy pick.
+    void add(int32_t token, int32_t position, int32_t kv_slot, bool want_logits, bool only_pick = false) {
+        if (want_logits) {
+            logits_for.push_back(int32_t(tokens.size()));
+            pick_only.push_back(only_pick ? 1 : 0);
+        }
         tokens.push_back(token);
         pos.push_back(position);
         slot.push_back(kv_slot);
@@ -52,9 +60,17 @@ constexpr size_t kKvReserveBytes = size_t(1) << 30;  // for CUDA graphs, librari
 class Pass {
 public:
     virtual ~Pass() = default;
+    // Greedy picks, one per logits_for entry (Batch::pick_only).
+    using Picks = std::vector<int32_t>;
+
     // Runs the batch; on success `logits` holds logits_for.size() rows of
-    // n_vocab (the output head's rows).
-    virtual Status run(const Batch& batch, Logits& logits) = 0;
+    // n_vocab (the output head's rows). With `picks`, a row marked pick_only
+    // may be left unwritten: (*picks)[j] is then its greedy pick, the first
+    // index of its largest logit, NaN read as -inf, -1 when none is above
+    // -inf (cpu::argmax_first of the row); the other entries are unspecified.
+    // Without, every row is written.
+    virtual Status run(const Batch& batch, Logits& logits, Picks* picks) = 0;
+    Status run(const Batch& batch, Logits& logits) { return run(batch, logits, nullptr); }
     virtual int max_tokens() const = 0;
     virtual int n_slots() const = 0;
     virtual int n_ctx() const = 0;
@@ -87,8 +103,11 @@ public:
     static backend::KvCacheShape kv_shape(const Model& model, int n_slots, int n_ctx, int kv_pages = 0);
 
     // Runs the batch; on success `logits` holds logits_for.size() rows of the
-    // output head's rows (n_vocab; a tensor-parallel shard: its vocabulary rows).
-    Status run(const Batch& batch, Logits& logits) override;
+    // output head's rows (n_vocab; a tensor-parallel shard: its vocabulary rows),
+    // and picks as Pass::run says: the backend's argmax_rows, with no copy of
+    // a piece of the head whose rows all want only their pick.
+    using Pass::run;
+    Status run(const Batch& batch, Logits& logits, Picks* picks) override;
 
     // Makes this pass one shard of a tensor-parallel model: the partial
     // outputs of wo and w_down go through the backend's all_reduce_sum (its

@@ -11,6 +11,8 @@
 #include <string>
 #include <thread>
 
+#include "backend/cpu/ops.h"
+
 namespace tern::model {
 
 namespace {
@@ -346,7 +348,7 @@ Status TpForward::map_kv_pages(int slot, const std::vector<int32_t>& pages) {
     return {};
 }
 
-Status TpForward::run(const Batch& batch, Logits& logits) {
+Status TpForward::run(const Batch& batch, Logits& logits, Picks* picks) {
     group_->begin_pass();
     for (size_t r = 0; r < ranks_.size(); ++r) {
         Rank* rp = ranks_[r].get();
@@ -369,6 +371,12 @@ Status TpForward::run(const Batch& batch, Logits& logits) {
         for (size_t t = 0; t < m; ++t)
             std::copy(part.begin() + int64_t(t * width), part.begin() + int64_t((t + 1) * width),
                       logits.begin() + int64_t(t * size_t(n_vocab_) + size_t(pr.vocab_begin)));
+    }
+    if (picks) {
+        picks->assign(m, -1);
+        for (size_t t = 0; t < m; ++t)
+            if (batch.pick_only[t])
+                (*picks)[t] = int32_t(backend::cpu::argmax_first(logits.data() + t * size_t(n_vocab_), n_vocab_));
     }
     return {};
 }

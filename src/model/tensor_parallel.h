@@ -84,8 +84,10 @@ public:
                                                      int n_ctx, const LoadProgress& progress = {}, int kv_pages = 0);
     ~TpForward() override;
 
-    // As Forward::run: logits_for.size() rows of n_vocab.
-    Status run(const Batch& batch, Logits& logits) override;
+    // As Forward::run: logits_for.size() rows of n_vocab, gathered from the
+    // ranks' vocabulary ranges; the picks are taken from the gathered rows.
+    using Pass::run;
+    Status run(const Batch& batch, Logits& logits, Picks* picks) override;
     int max_tokens() const override { return max_tokens_; }
     int n_slots() const override { return n_slots_; }
     int n_ctx() const override { return n_ctx_; }

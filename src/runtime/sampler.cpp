@@ -145,15 +145,19 @@ void Sampler::sort_prefix(size_t done, size_t k) {
     }
 }
 
+bool Sampler::draws_argmax() const {
+    const bool penalties = params_.repeat_penalty != 1.0f || params_.frequency_penalty != 0.0f ||
+                           params_.presence_penalty != 0.0f;
+    return params_.temperature <= 0.0f && (history_.empty() || !penalties);
+}
+
 bool Sampler::prepare(const float* logits) {
     sorted_ = false;
     cands_.clear();
     if (n_vocab_ == 0 || logits == nullptr) return false;
 
     const bool greedy = params_.temperature <= 0.0f;
-    const bool penalties = params_.repeat_penalty != 1.0f || params_.frequency_penalty != 0.0f ||
-                           params_.presence_penalty != 0.0f;
-    if (greedy && (history_.empty() || !penalties)) {
+    if (draws_argmax()) {
         // The logits as they are: the token the general path picks (NaN as
         // -inf; a +inf beats every finite logit; ties: lowest id).
         const int best = int(backend::cpu::argmax_first(logits, n_vocab_));

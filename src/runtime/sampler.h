@@ -62,6 +62,11 @@ public:
     // argmax of an all -inf row with ties going to the lowest id). With
     // temperature > 0 every call consumes exactly one 64-bit draw.
     int32_t sample(const float* logits);
+    // Whether sample() is now the plain greedy pick of the row as it is
+    // (greedy, and no penalty has a history to apply): then it returns
+    // cpu::argmax_first of the row, or 0 where that is -1, and a backend's
+    // argmax_rows can stand in for the row.
+    bool draws_argmax() const;
 
     // The distribution sample() would draw from for these logits and the
     // current history, without drawing: the surviving tokens and their

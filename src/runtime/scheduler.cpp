@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 
 #include "runtime/token_stream.h"
 
@@ -50,6 +51,8 @@ Scheduler::Scheduler(Engine& engine, SchedulerOptions options)
       budget_(options.itl_stretch),
       slots_(size_t(engine.forward().n_slots())),
       pool_(engine.forward().kv_pool_pages(), engine.forward().kv_page_size()) {
+    // TERN_GREEDY_PICKS=0: greedy sequences draw from their copied rows too (for A/B runs).
+    if (const char* v = std::getenv("TERN_GREEDY_PICKS")) picks_on_ = std::string(v) != "0";
     stats_.kv_pages = pool_.n_pages();
     stats_.kv_page_size = pool_.page_size();
     thread_ = std::thread([this] { loop(); });
@@ -322,7 +325,8 @@ bool Scheduler::step() {
             grown = grow(slot);
         }
         if (!grown) continue;
-        batch.add(slot.seq->stream.next_token(), int32_t(slot.cached.size()), int32_t(i), true);
+        batch.add(slot.seq->stream.next_token(), int32_t(slot.cached.size()), int32_t(i), true,
+                  picks_on_ && slot.seq->stream.wants_only_pick());
         slot.cached.push_back(slot.seq->stream.next_token());
         row_slot.push_back(i);
         in_batch.push_back(i);
@@ -350,7 +354,8 @@ bool Scheduler::step() {
             }
             const bool last = s.n_fed + j + 1 == s.feed.size();
             const bool logits = last && s.feed_wants_logits;
-            batch.add(s.feed[s.n_fed + j], int32_t(slot.cached.size()), int32_t(i), logits);
+            batch.add(s.feed[s.n_fed + j], int32_t(slot.cached.size()), int32_t(i), logits,
+                      logits && picks_on_ && s.stream.wants_only_pick());
             slot.cached.push_back(s.feed[s.n_fed + j]);
             if (logits) row_slot.push_back(i);
         }
@@ -393,7 +398,7 @@ bool Scheduler::step() {
 
     model::Logits& logits = logits_;  // kept across steps: no fresh pages to fault in each step
     const auto t_forward = Clock::now();
-    const Status st = engine_.forward().run(batch, logits);
+    const Status st = engine_.forward().run(batch, logits, &picks_);
     const auto t_sample = Clock::now();
     if (st.ok()) budget_.record(n_decode, batch.size() - n_decode, ms_between(t_forward, t_sample) / 1000.0);
     {
@@ -410,10 +415,21 @@ bool Scheduler::step() {
     for (size_t i : in_batch) offer_full_pages(slots_[i]);
 
     const size_t n_vocab = size_t(engine_.n_vocab());
-    // The sequences' draws side by side (a pass over the vocabulary each);
-    // then, in order, what follows them, callbacks included.
-#pragma omp parallel for schedule(dynamic, 1) if (row_slot.size() > 1)
-    for (size_t r = 0; r < row_slot.size(); ++r) slots_[row_slot[r]].seq->stream.draw(logits.data() + r * n_vocab);
+    // Greedy picks made by the forward pass are taken as they are; the other
+    // sequences draw from their rows side by side (a pass over the vocabulary
+    // each); then, in order, what follows them, callbacks included.
+    drawn_rows_.clear();
+    for (size_t r = 0; r < row_slot.size(); ++r) {
+        if (batch.pick_only[r])
+            slots_[row_slot[r]].seq->stream.take_pick(picks_[r]);
+        else
+            drawn_rows_.push_back(r);
+    }
+#pragma omp parallel for schedule(dynamic, 1) if (drawn_rows_.size() > 1)
+    for (size_t k = 0; k < drawn_rows_.size(); ++k) {
+        const size_t r = drawn_rows_[k];
+        slots_[row_slot[r]].seq->stream.draw(logits.data() + r * n_vocab);
+    }
     const auto t_drawn = Clock::now();
     uint64_t new_prompt = 0, new_generated = 0;
     for (size_t r = 0; r < row_slot.size(); ++r) {

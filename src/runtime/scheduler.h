@@ -178,6 +178,9 @@ private:
     uint64_t next_order_ = 0;  // admission order of the sequences
     bool short_of_pages_ = false;  // the last step paused a sequence or left one waiting for a page
     model::Logits logits_;    // the last step's logits rows
+    bool picks_on_ = true;            // greedy sequences take the forward pass's picks
+    model::Pass::Picks picks_;        // the last step's greedy picks (Pass::run)
+    std::vector<size_t> drawn_rows_;  // rows whose sequences draw from the row itself
     // The requests' callbacks of this step, run by delivery_ once the step
     // is done (scheduler thread).
     std::vector<std::function<void()>> outbox_;

@@ -36,6 +36,12 @@ void TokenStream::draw(const float* logits) {
     if (!done_ && drawn_ < 0) drawn_ = sampler_.sample(logits);
 }
 
+bool TokenStream::wants_only_pick() const { return !done_ && drawn_ < 0 && !grammar_ && sampler_.draws_argmax(); }
+
+void TokenStream::take_pick(int32_t argmax) {
+    if (!done_ && drawn_ < 0) drawn_ = argmax >= 0 ? argmax : 0;  // sample()'s 0 where nothing can be picked
+}
+
 std::string TokenStream::advance(const float* logits, bool context_full) {
     if (done_) return {};
     int32_t t = drawn_ >= 0 ? drawn_ : sampler_.sample(logits);

@@ -37,6 +37,11 @@ public:
     // streams can run on several threads (each stream on one at a time),
     // their advances, which call back into the consumer, on one.
     void draw(const float* logits);
+    // Whether the next draw is the row's greedy pick alone (Sampler::draws_argmax,
+    // and no grammar, which may have to draw again from the whole row); then
+    // take_pick(the row's cpu::argmax_first) does what draw(row) would.
+    bool wants_only_pick() const;
+    void take_pick(int32_t argmax);
 
     bool done() const { return done_; }
     int32_t next_token() const { return next_; }

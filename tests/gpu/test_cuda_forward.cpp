@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu/ops.h"
 #include "gguf/gguf.h"
 #include "gpu_test_util.h"
 #include "sequence.h"
@@ -266,9 +267,10 @@ TEST_P(CudaForward, MatchesCpuAndIsDeterministic) {
     Agreement agree;
     agree.tolerance = c.tolerance;
     std::vector<float> gpu_rows[2];
-    std::vector<int32_t> follow[2];
+    std::vector<int32_t> follow[2], prompts[2];
     for (int s = 0; s < 2; ++s) {
         const std::vector<int32_t> prompt = random_tokens(rng, cpu.m.hp.n_vocab, kPrompt);
+        prompts[s] = prompt;
         std::vector<float> cpu_rows, repeat, one_by_one;
         cpu_routes->take_routes();
         gpu_routes->take_routes();
@@ -298,6 +300,22 @@ TEST_P(CudaForward, MatchesCpuAndIsDeterministic) {
                 << "prefill of " << kPrompt << " tokens and the same tokens one per call differ at this position";
         }
     }
+    // Greedy picks on the device: sequence 0's prompt again in its slot,
+    // every other row asking only its pick, each the argmax_first of the row
+    // the GPU gave; the other rows those rows, bit for bit.
+    model::Batch picked;
+    for (int i = 0; i < kPrompt; ++i) picked.add(prompts[0][size_t(i)], i, 0, true, i % 2 == 0);
+    model::Logits rows(size_t(kPrompt) * nv, std::nanf(""));
+    model::Pass::Picks picks(size_t(kPrompt), -7);
+    ASSERT_TRUE(plain.fwd->run(picked, rows, &picks).ok());
+    for (size_t i = 0; i < size_t(kPrompt); ++i) {
+        const float* want = gpu_rows[0].data() + i * nv;
+        if (i % 2 == 0)
+            ASSERT_EQ(picks[i], int32_t(backend::cpu::argmax_first(want, int64_t(nv)))) << "greedy pick of row " << i;
+        else
+            ASSERT_EQ(0, std::memcmp(rows.data() + i * nv, want, nv * sizeof(float))) << "row " << i << " beside picks";
+    }
+
     std::printf("  %s: worst logit error %.2e (tolerance %.0e) at position %lld; top-1 %lld/%lld positions "
                 "with a clear CPU margin (%lld/%lld in all); %lld positions after a near-tie routing left out\n",
                 case_name(c).c_str(), agree.worst_rel, c.tolerance, (long long)agree.worst_pos,

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <utility>
@@ -336,6 +337,51 @@ TEST_F(CudaOps, GatherRowsIsExact) {
                     << "output row " << i << " (source row " << rows[size_t(i)] << ")";
             for (size_t i = size_t(n * cols); i < got.size(); ++i)
                 ASSERT_EQ(fp32_to_bits(got[i]), kPoisonBits) << "written past the end at " << i;
+        }
+    }
+}
+
+// --- argmax_rows: the greedy pick ---------------------------------------------------
+
+// Each row's pick is cpu::argmax_first's: rows with ties of the largest
+// (earlier and later than the first), +0 beside -0, NaN and infinities
+// sprinkled, rows where nothing can be picked; vocabulary widths and ragged
+// ones, float4 reads (aligned rows of a multiple of 4) and single ones.
+TEST_F(CudaOps, ArgmaxRowsPicksTheCpuTwinsIndex) {
+    SCOPED_TRACE(seed_text());
+    constexpr float inf = std::numeric_limits<float>::infinity();
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    const float specials[] = {nan, -nan, inf, -inf, 0.0f, -0.0f};
+    for (int64_t cols : {1, 7, 33, 1024, 32000, 49155, 262144}) {
+        for (int64_t rows : {1, 3, 64}) {
+            for (int offset : {0, 1}) {  // 1: rows that start off a 16-byte boundary
+                SCOPED_TRACE(shape(rows, cols) + " offset " + std::to_string(offset));
+                std::vector<float> x = normal(size_t(rows * cols) + size_t(offset), 0.0f, 4.0f);
+                for (int64_t r = 0; r < rows; ++r) {
+                    float* row = x.data() + offset + r * cols;
+                    const int kind = int(r % 5);
+                    if (kind >= 1) {  // ties of the largest
+                        const int64_t top = backend::cpu::argmax_first(row, cols);
+                        for (int k = 0; k < 3; ++k) row[uniform_int(0, int(cols) - 1)] = row[top];
+                    }
+                    if (kind >= 2)  // specials, sometimes over the largest
+                        for (int k = 0; k < 4; ++k) row[uniform_int(0, int(cols) - 1)] = specials[uniform_int(0, 5)];
+                    if (kind == 3)  // zeros of both signs are the largest
+                        for (int64_t i = 0; i < cols; ++i) row[i] = row[i] > 0 || row[i] != row[i] ? (i % 2 ? 0.0f : -0.0f) : row[i];
+                    if (kind == 4 && r % 2)  // nothing can be picked
+                        for (int64_t i = 0; i < cols; ++i) row[i] = i % 3 ? -inf : nan;
+                }
+                DeviceBuffer<float> dx(x);
+                DeviceBuffer<int32_t> dout(size_t(rows) + 1);
+                dout.poison(0x5A);
+                cuda::argmax_rows(dx.get() + offset, rows, cols, dout.get(), nullptr);
+                ASSERT_NO_FATAL_FAILURE(sync_ok());
+                const std::vector<int32_t> got = dout.download();
+                for (int64_t r = 0; r < rows; ++r)
+                    ASSERT_EQ(got[size_t(r)], int32_t(backend::cpu::argmax_first(x.data() + offset + r * cols, cols)))
+                        << "row " << r;
+                ASSERT_EQ(uint32_t(got[size_t(rows)]), 0x5A5A5A5Au) << "written past the last row";
+            }
         }
     }
 }

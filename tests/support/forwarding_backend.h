@@ -26,6 +26,7 @@ public:
     }
     void upload(const float* host, backend::Tensor dst) override { be_->upload(host, dst); }
     void download(backend::Tensor src, float* host) override { be_->download(src, host); }
+    void argmax_rows(backend::Tensor x, int32_t* host) override { be_->argmax_rows(x, host); }
     void set_batch(const backend::BatchLayout& layout) override { be_->set_batch(layout); }
     void embed(const backend::Weight& table, const std::vector<int32_t>& tokens, backend::Tensor out) override {
         be_->embed(table, tokens, out);

@@ -14,6 +14,7 @@
 #include <span>
 
 #include "backend/backend.h"
+#include "backend/cpu/ops.h"
 #include "gguf/gguf.h"
 #include "model/forward.h"
 #include "model/model.h"
@@ -200,9 +201,9 @@ TEST(Forward, PrefillEqualsTokenByTokenDecode) {
 
 // A vocabulary so wide that the output head runs in pieces (Forward::
 // logits_rows): every row of a prefill that wants all its logits is the row
-// one-token decode gives, on both sides of each piece's edge.
-TEST(Forward, OutputHeadInPiecesEqualsOneRowAtATime) {
-    const uint64_t seed = tern::test::run_seed();
+// one-token decode gives, on both sides of each piece's edge; and greedy
+// picks in place of rows, piece by piece.
+model::SynthOptions wide_vocab_model(uint64_t seed) {
     model::SynthOptions o;
     o.shape = *model::synth_preset("tiny");
     o.shape.n_vocab = 300000;
@@ -214,7 +215,12 @@ TEST(Forward, OutputHeadInPiecesEqualsOneRowAtATime) {
     o.ftype = quant::FileType::Q8_0;  // rows of 32: the narrow model quantizes
     o.seed = seed;
     o.n_threads = 2;
-    auto path = test::write_temp_model("forward-wide-vocab-" + std::to_string(seed), o);
+    return o;
+}
+
+TEST(Forward, OutputHeadInPiecesEqualsOneRowAtATime) {
+    const uint64_t seed = tern::test::run_seed();
+    auto path = test::write_temp_model("forward-wide-vocab-" + std::to_string(seed), wide_vocab_model(seed));
     ASSERT_TRUE(path.ok()) << path.error().message;
     auto file = gguf::File::open(*path);
     ASSERT_TRUE(file.ok()) << file.error().message;
@@ -251,6 +257,33 @@ TEST(Forward, OutputHeadInPiecesEqualsOneRowAtATime) {
         for (size_t j = 0; j < nv; ++j)
             ASSERT_EQ(got[j], all[i * nv + j]) << "token " << i << " logit " << j << " seed " << seed;
     }
+
+    // Rows that want only their greedy pick (slot 1 again, the same tokens):
+    // the pick is the row's argmax_first, the rows that want their logits are
+    // written as without picks, and a piece whose rows all want picks is not
+    // copied back (its poison stays). Pieces: picks only, mixed, rows only.
+    model::Batch picked;
+    for (size_t i = 0; i < tokens.size(); ++i) {
+        const bool only_pick = int64_t(i) < piece || (int64_t(i) < 2 * piece && rng() % 2);
+        picked.add(tokens[i], int32_t(i), 1, true, only_pick);
+    }
+    got.assign(tokens.size() * nv, std::nanf(""));
+    model::Pass::Picks picks(tokens.size(), -7);
+    ASSERT_TRUE((*fwd)->run(picked, got, &picks).ok());
+    ASSERT_EQ(picks.size(), tokens.size());
+    for (size_t i = 0; i < tokens.size(); ++i) {
+        const float* row = all.data() + i * nv;
+        if (picked.pick_only[i]) {
+            ASSERT_EQ(picks[i], int32_t(backend::cpu::argmax_first(row, int64_t(nv)))) << "row " << i << " seed " << seed;
+            if (int64_t(i) < piece) ASSERT_TRUE(std::isnan(got[i * nv])) << "row " << i << " of a piece of picks was copied";
+        } else {
+            for (size_t j = 0; j < nv; ++j)
+                ASSERT_EQ(got[i * nv + j], row[j]) << "row " << i << " logit " << j << " seed " << seed;
+        }
+    }
+    // Without picks asked for, the flags are ignored: every row is written.
+    ASSERT_TRUE((*fwd)->run(picked, got).ok());
+    for (size_t j = 0; j < nv; ++j) ASSERT_EQ(got[j], all[j]) << "logit " << j;
     std::filesystem::remove(*path);
 }
 

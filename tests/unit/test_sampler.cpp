@@ -11,6 +11,7 @@
 #include <set>
 #include <vector>
 
+#include "backend/cpu/ops.h"
 #include "runtime/sampler.h"
 #include "tests/support/test_seed.h"
 
@@ -196,6 +197,44 @@ TEST(Sampler, GreedyFastPathPicksWhatTheGeneralPathPicks) {
         Sampler general = general_path(7, 3);
         EXPECT_EQ(fast.sample(row.data()), 0);
         EXPECT_EQ(general.sample(row.data()), 0);
+    }
+}
+
+// draws_argmax says when a backend's greedy pick can stand in for the row:
+// exactly when sample() gives argmax_first of the row (0 where it is -1).
+TEST(Sampler, DrawsArgmaxExactlyWhenSampleIsTheRowsFirstLargest) {
+    FreshSeed seed;
+    TRACE_SEED(seed);
+    std::mt19937_64 rng(seed.value);
+    std::uniform_real_distribution<float> u(0.0f, 1.0f);
+    SamplerParams penalised = plain(0.0f);
+    penalised.presence_penalty = 0.5f;
+    SamplerParams no_window = penalised;
+    no_window.repeat_last_n = 0;
+    struct Case {
+        SamplerParams params;
+        bool accepts;  // a token accepted into the history first
+        bool want;
+    };
+    const Case cases[] = {{plain(0.0f), true, true},   {plain(0.7f), false, false},   {penalised, false, true},
+                          {penalised, true, false},    {no_window, true, true}};
+    for (const Case& c : cases) {
+        const int n = 1 + int(rng() % 300);
+        Sampler s(c.params, n);
+        if (c.accepts) s.accept(int32_t(rng() % uint64_t(n)));
+        ASSERT_EQ(s.draws_argmax(), c.want) << "temperature " << c.params.temperature << ", presence "
+                                            << c.params.presence_penalty << ", accepted " << c.accepts;
+        if (!c.want) continue;
+        for (int iter = 0; iter < 50; ++iter) {
+            std::vector<float> l(static_cast<size_t>(n));
+            for (float& x : l) {
+                const float r = u(rng);
+                x = r < 0.05f ? kNaN : r < 0.1f ? -kInf : r < 0.11f ? kInf : std::round(u(rng) * 8.0f);
+            }
+            if (iter % 10 == 0) std::fill(l.begin(), l.end(), iter % 20 ? kNaN : -kInf);
+            const int64_t pick = tern::backend::cpu::argmax_first(l.data(), n);
+            ASSERT_EQ(s.sample(l.data()), pick >= 0 ? int32_t(pick) : 0) << "row of " << n;
+        }
     }
 }
 

@@ -18,6 +18,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/matmul.h"
+#include "backend/cpu/ops.h"
 #include "gguf/gguf.h"
 #include "model/forward.h"
 #include "model/model.h"
@@ -383,6 +384,15 @@ TEST_P(CpuTp, EqualsUnshardedForward) {
                 agree += top(got[p]) == top(want[p]);
             }
         }
+        // Greedy picks, every other row: each the argmax_first of its gathered row.
+        model::Batch picked;
+        for (int i = 0; i < kPrompt; ++i) picked.add(tokens[size_t(i)], i, 0, true, i % 2 == 0);
+        model::Logits rows;
+        model::Pass::Picks picks;
+        ASSERT_TRUE((*tp)->run(picked, rows, &picks).ok());
+        ASSERT_EQ(picks.size(), size_t(kPrompt));
+        for (size_t i = 0; i < size_t(kPrompt); i += 2)
+            ASSERT_EQ(picks[i], int32_t(backend::cpu::argmax_first(rows.data() + i * nv, int64_t(nv)))) << "row " << i;
         ASSERT_GE(clear, int(want.size()) / 4) << "too few positions with a clear top-1 to judge";
         EXPECT_GE(agree, 0.99 * clear) << agree << " of " << clear << " clear top-1 picks agree";
         std::printf("  %s TP=%d: worst logit error %.2e of max |logit| (tolerance %.0e), top-1 %d/%d clear\n", c.name,

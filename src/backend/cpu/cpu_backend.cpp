@@ -164,6 +164,10 @@ public:
         std::memcpy(host, src.data, size_t(src.rows * src.cols) * sizeof(float));
     }
 
+    void argmax_rows(Tensor x, int32_t* host) override {
+        cpu::parallel_for(x.rows, x.rows > 1, [&](int64_t r) { host[r] = int32_t(cpu::argmax_first(x.row(r), x.cols)); });
+    }
+
     Status map_kv_pages(int slot, const std::vector<int32_t>& pages) override { return pages_.map(slot, pages); }
 
     void set_batch(const BatchLayout& layout) override {

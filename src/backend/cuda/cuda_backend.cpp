@@ -272,6 +272,22 @@ public:
         check(cudaStreamSynchronize(stream_), "download");
     }
 
+    void argmax_rows(Tensor x, int32_t* host) override {
+        finish_step();
+        if (x.rows <= 0) return;
+        if (x.rows > token_capacity_) {
+            note(Error{"cuda: greedy picks of " + std::to_string(x.rows) + " rows exceed the workspace"});
+            return;
+        }
+        cuda::argmax_rows(x.data, x.rows, x.cols, picks_dev_, stream_);
+        launched("argmax_rows");
+        check(cudaMemcpyAsync(picks_host_, picks_dev_, size_t(x.rows) * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                              stream_),
+              "greedy picks");
+        check(cudaStreamSynchronize(stream_), "greedy picks");
+        std::memcpy(host, picks_host_, size_t(x.rows) * sizeof(int32_t));
+    }
+
     // ---- per-batch state --------------------------------------------------------
 
     Status map_kv_pages(int slot, const std::vector<int32_t>& pages) override { return pages_.map(slot, pages); }
@@ -771,8 +787,8 @@ private:
 
     Status reserve_tokens(int64_t n) {
         if (n <= token_capacity_) return {};
-        // positions, slots and gathered rows: n each; attention tiles: n + 1
-        const size_t ints = size_t(n) * 4 + 1;
+        // positions, slots, gathered rows and greedy picks: n each; attention tiles: n + 1
+        const size_t ints = size_t(n) * 5 + 1;
         auto pos = device_alloc(ints * sizeof(int32_t), "batch arrays");
         if (!pos.ok()) return Error{pos.error().message};
         auto host = host_alloc(ints * sizeof(int32_t), "batch arrays");
@@ -781,10 +797,12 @@ private:
         slot_dev_ = pos_dev_ + n;
         rows_dev_ = slot_dev_ + n;
         tiles_dev_ = rows_dev_ + n;
+        picks_dev_ = tiles_dev_ + n + 1;
         pos_host_ = static_cast<int32_t*>(*host);
         slot_host_ = pos_host_ + n;
         rows_host_ = slot_host_ + n;
         tiles_host_ = rows_host_ + n;
+        picks_host_ = tiles_host_ + n + 1;
         token_capacity_ = n;
         return {};
     }
@@ -1003,8 +1021,10 @@ private:
     int64_t act_split_ = 0;  // values in act_sum_split_
     int64_t act_blocks_ = 0;
 
-    int32_t *pos_dev_ = nullptr, *slot_dev_ = nullptr, *rows_dev_ = nullptr, *tiles_dev_ = nullptr;
-    int32_t *pos_host_ = nullptr, *slot_host_ = nullptr, *rows_host_ = nullptr, *tiles_host_ = nullptr;
+    int32_t *pos_dev_ = nullptr, *slot_dev_ = nullptr, *rows_dev_ = nullptr, *tiles_dev_ = nullptr,
+            *picks_dev_ = nullptr;
+    int32_t *pos_host_ = nullptr, *slot_host_ = nullptr, *rows_host_ = nullptr, *tiles_host_ = nullptr,
+            *picks_host_ = nullptr;
     cuda::AttnTiles tiles_;  // this step's attention tiles (step_tiles), tile_tokens 0: none yet
     int64_t token_capacity_ = 0;
     float* embed_host_ = nullptr;

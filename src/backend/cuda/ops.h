@@ -50,6 +50,10 @@ void add(float* x, const float* y, int64_t n, cudaStream_t stream);
 void add_bias(float* y, const float* bias, int64_t rows, int64_t cols, cudaStream_t stream);
 // out[i] = x[rows[i]] for i < n; rows is a device array.
 void gather_rows(const float* x, int64_t cols, const int32_t* rows, int64_t n, float* out, cudaStream_t stream);
+// out[r] = the first index of row r's largest value (NaN read as -inf; -1
+// when none is above -inf), for each of `rows` rows of `cols`: the CPU's
+// backend::cpu::argmax_first, the greedy pick (argmax.cu).
+void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* out, cudaStream_t stream);
 
 // One layer of the paged f16 KV cache (backend.h): pages of page_size
 // positions, each [pos][kv_head][head_dim], for K and for V; position p of
