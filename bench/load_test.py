@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
 """Load test of `tern serve`: N concurrent clients each stream a few
 completions from the default model; reports requests/s, total output tokens/s,
-time to first token and inter-token latency (median and p99) for each N, and
-from the server's /metrics where its steps' time went (the forward calls; the
-scheduler's batch, draw and text parts; each kind of step's count and mean).
+time to first token and inter-token latency (median and p99) for each N, the
+gaps' tail, and from the server's /metrics where its steps' time went (the
+forward calls; the scheduler's batch, draw and text parts; each kind of step's
+count, mean and spread over the histogram's buckets). The clients are spread
+over several processes, so that their own interpreter lock does not delay
+their reads.
 
     python3 bench/load_test.py [--build build] [--clients 1,8,32] [--parallel 8]
                                [--requests 2] [--max-tokens 32] [--url http://host:port]
-                               [--serve-args "--itl-stretch 0"]
+                               [--serve-args "--itl-stretch 0"] [--client-procs N]
 
 Without --url it starts `tern serve` itself on a free loopback port. Not a
 test: the numbers depend on the machine and whatever else runs on it."""
@@ -16,6 +19,8 @@ import argparse
 import shlex
 import http.client
 import json
+import multiprocessing
+import os
 import random
 import re
 import statistics
@@ -38,7 +43,9 @@ def percentile(xs, p):
 
 
 def one_request(host, port, prompt, max_tokens, api_key):
-    """Streams one completion; returns (ttft, [inter-token gaps], output tokens)."""
+    """Streams one completion; returns (ttft, [gaps between pieces of text], output tokens,
+    pieces). A token that ends no text (a byte of an unfinished UTF-8 character, text held
+    back by a stop string) sends no piece, so its gap spans two steps."""
     conn = http.client.HTTPConnection(host, port, timeout=600)
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
@@ -50,7 +57,7 @@ def one_request(host, port, prompt, max_tokens, api_key):
     resp = conn.getresponse()
     if resp.status != 200:
         raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:200]!r}")
-    ttft, last, gaps, tokens, buf = None, None, [], 0, b""
+    ttft, last, gaps, tokens, pieces, buf = None, None, [], 0, 0, b""
     while True:
         chunk = resp.read1(65536)
         if not chunk:
@@ -68,13 +75,14 @@ def one_request(host, port, prompt, max_tokens, api_key):
                 tokens = j["usage"]["completion_tokens"]
             if j["choices"] and j["choices"][0]["text"]:
                 now = time.perf_counter()
+                pieces += 1
                 if ttft is None:
                     ttft = now - t0
                 else:
                     gaps.append(now - last)
                 last = now
     conn.close()
-    return ttft, gaps, tokens
+    return ttft, gaps, tokens, pieces
 
 
 def server_steps(host, port, api_key):
@@ -94,6 +102,8 @@ def server_steps(host, port, api_key):
         out["n_" + kind] = float(v)
     for kind, v in re.findall(r'^tern_step_seconds_sum{kind="(\w+)"} (\S+)$', text, re.M):
         out["s_" + kind] = float(v)
+    for kind, le, v in re.findall(r'^tern_step_seconds_bucket{kind="(\w+)",le="([^"]+)"} (\S+)$', text, re.M):
+        out[f"b|{kind}|{le}"] = float(v)  # cumulative
     return out
 
 
@@ -104,20 +114,34 @@ def describe_steps(before, after):
     parts = " / ".join(f"{1000 * d.get('host_' + p, 0.0) / steps:.2f}" for p in ("batch", "draw", "text"))
     kinds = ", ".join(f"{k} {int(d.get('n_' + k, 0))} x {1000 * d.get('s_' + k, 0.0) / max(d.get('n_' + k, 0.0), 1.0):.1f} ms"
                       for k in ("decode", "decode_and_prompt", "prompt"))
-    return (f"  steps {int(d.get('steps', 0))}: forward {1000 * d.get('forward', 0.0) / steps:.2f} ms a step, "
+    line = (f"  steps {int(d.get('steps', 0))}: forward {1000 * d.get('forward', 0.0) / steps:.2f} ms a step, "
             f"host batch / draw / text {parts} ms; {kinds}")
+    for k in ("decode", "decode_and_prompt"):
+        bounds = [key.split("|")[2] for key in d if key.startswith(f"b|{k}|")]
+        bounds.sort(key=lambda b: float("inf") if b == "+Inf" else float(b))
+        counts, below = [], 0.0
+        for b in bounds:
+            n = d[f"b|{k}|{b}"] - below
+            below = d[f"b|{k}|{b}"]
+            if n:
+                counts.append(f"{'<=' + format(1000 * float(b), 'g') if b != '+Inf' else '>' + format(1000 * float(bounds[-2]), 'g')} {int(n)}")
+        if counts:
+            line += f"\n    {k} steps by time (ms): " + ", ".join(counts)
+    return line
 
 
-def run_level(host, port, n_clients, n_requests, max_tokens, api_key):
-    rng = random.Random(n_clients)
-    ttfts, gaps, tokens, errors = [], [], [0], []
+def client_group(host, port, clients, n_requests, max_tokens, api_key, barrier, results):
+    """One process's clients, each on a thread of its own, started together
+    with every other process's; puts what they measured on `results`."""
+    ttfts, gaps, tokens, pieces, errors = [], [], [0], [0], []
     lock = threading.Lock()
 
     def client(i):
+        rng = random.Random(i)
         for _ in range(n_requests):
             prompt = " ".join(rng.choice(WORDS) for _ in range(8 + i % 8))
             try:
-                t, g, n = one_request(host, port, prompt, max_tokens, api_key)
+                t, g, n, k = one_request(host, port, prompt, max_tokens, api_key)
             except Exception as e:  # counted and reported, the run goes on
                 with lock:
                     errors.append(repr(e))
@@ -127,21 +151,63 @@ def run_level(host, port, n_clients, n_requests, max_tokens, api_key):
                     ttfts.append(t)
                 gaps.extend(g)
                 tokens[0] += n
+                pieces[0] += k
 
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(n_clients)]
+    threads = [threading.Thread(target=client, args=(i,)) for i in clients]
+    barrier.wait()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    results.put({"ttfts": ttfts, "gaps": gaps, "tokens": tokens[0], "pieces": pieces[0], "errors": errors})
+
+
+def run_level(host, port, n_clients, n_requests, max_tokens, api_key, n_procs):
+    """n_clients streaming clients spread over n_procs processes: the clients
+    of one process share its interpreter lock, and a thread waiting for it
+    reads its stream late, which shows as gaps between tokens that the server
+    never made."""
+    n_procs = max(1, min(n_procs, n_clients))
+    barrier = multiprocessing.Barrier(n_procs + 1)
+    results = multiprocessing.Queue()
+    procs = [multiprocessing.Process(target=client_group,
+                                     args=(host, port, list(range(p, n_clients, n_procs)), n_requests, max_tokens,
+                                           api_key, barrier, results))
+             for p in range(n_procs)]
+    for p in procs:
+        p.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    parts = [results.get() for _ in procs]
     wall = time.perf_counter() - t0
+    for p in procs:
+        p.join()
+    ttfts = [t for r in parts for t in r["ttfts"]]
+    gaps = [g for r in parts for g in r["gaps"]]
+    errors = [e for r in parts for e in r["errors"]]
+    tokens = sum(r["tokens"] for r in parts)
+    pieces = sum(r["pieces"] for r in parts)
     done = n_clients * n_requests - len(errors)
     return {"clients": n_clients, "requests": done, "errors": len(errors), "wall_s": wall,
-            "req_per_s": done / wall, "out_tok_per_s": tokens[0] / wall,
+            "req_per_s": done / wall, "out_tok_per_s": tokens / wall,
             "ttft_median_ms": 1000 * statistics.median(ttfts) if ttfts else float("nan"),
             "ttft_p99_ms": 1000 * percentile(ttfts, 99),
             "itl_median_ms": 1000 * statistics.median(gaps) if gaps else float("nan"),
-            "itl_p99_ms": 1000 * percentile(gaps, 99), "first_error": errors[0] if errors else ""}
+            "itl_p99_ms": 1000 * percentile(gaps, 99), "gaps": gaps, "tokens": tokens, "pieces": pieces,
+            "first_error": errors[0] if errors else ""}
+
+
+def describe_gaps(r):
+    """One line: the inter-token gaps' tail and how many tokens each piece of text carried."""
+    gaps = r["gaps"]
+    if not gaps:
+        return "  gaps: none"
+    med = statistics.median(gaps)
+    over = sum(1 for g in gaps if g > 2 * med)
+    tail = " / ".join(f"{1000 * percentile(gaps, p):.1f}" for p in (90, 95, 99, 99.9))
+    return (f"  gaps {len(gaps)}: p90 / p95 / p99 / p99.9 {tail} ms, max {1000 * max(gaps):.1f}; "
+            f"{100 * over / len(gaps):.2f}% above twice the median; "
+            f"{r['tokens'] / max(r['pieces'], 1):.3f} tokens a piece of text")
 
 
 def main():
@@ -155,6 +221,8 @@ def main():
     ap.add_argument("--requests", type=int, default=2, help="requests per client")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--client-procs", type=int, default=max(1, (os.cpu_count() or 2) // 2),
+                    help="processes the clients are spread over (default: half the cores)")
     ap.add_argument("--serve-args", default="", help="more arguments for the server it starts, e.g. \"--itl-stretch 0\"")
     args = ap.parse_args()
 
@@ -184,12 +252,13 @@ def main():
               f"{'TTFT p99':>9} {'ITL med':>8} {'ITL p99':>8}  (ms)")
         for n in [int(x) for x in args.clients.split(",")]:
             before = server_steps(host, port, args.api_key)
-            r = run_level(host, port, n, args.requests, args.max_tokens, args.api_key)
+            r = run_level(host, port, n, args.requests, args.max_tokens, args.api_key, args.client_procs)
             after = server_steps(host, port, args.api_key)
             print(f"{r['clients']:>7} {r['requests']:>5} {r['errors']:>4} {r['req_per_s']:>7.2f} "
                   f"{r['out_tok_per_s']:>9.1f} {r['ttft_median_ms']:>9.1f} {r['ttft_p99_ms']:>9.1f} "
                   f"{r['itl_median_ms']:>8.1f} {r['itl_p99_ms']:>8.1f}", flush=True)
             print(describe_steps(before, after), flush=True)
+            print(describe_gaps(r), flush=True)
             if r["first_error"]:
                 print("  first error:", r["first_error"])
     finally:

@@ -366,6 +366,11 @@ void HttpServer::Impl::accept() {
             timer->async_wait([this, timer](beast::error_code) { accept(); });
             return;
         }
+        // A stream's events are small writes a few milliseconds apart: under
+        // Nagle's algorithm each would wait for the client's ACK of the one
+        // before, which a client that delays its ACKs sends late. Sent at once.
+        beast::error_code nodelay_ec;
+        socket.set_option(tcp::no_delay(true), nodelay_ec);  // best effort: a socket without it still serves
         auto c = std::make_shared<Connection>(std::move(socket), *this);
         if (n_connections.load() > limits.max_connections)
             c->reject("too many connections (the limit is " + std::to_string(limits.max_connections) + ")");
