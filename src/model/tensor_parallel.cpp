@@ -349,6 +349,8 @@ Status TpForward::map_kv_pages(int slot, const std::vector<int32_t>& pages) {
 }
 
 Status TpForward::run(const Batch& batch, Logits& logits, Picks* picks) {
+    if (picks && batch.pick_only.size() != batch.logits_for.size())
+        return Error{"tensor parallel: the batch's pick flags differ in length from its logits rows"};
     group_->begin_pass();
     for (size_t r = 0; r < ranks_.size(); ++r) {
         Rank* rp = ranks_[r].get();

@@ -310,6 +310,12 @@ TEST(Forward, RejectsBadBatches) {
     b = {};
     for (int i = 0; i < 5; ++i) b.add(1, i, 0, false);
     EXPECT_FALSE((*fwd)->run(b, logits).ok());  // larger than the workspace
+    b = {};
+    b.add(1, 0, 0, true);
+    b.pick_only.clear();
+    model::Pass::Picks picks;
+    EXPECT_FALSE((*fwd)->run(b, logits, &picks).ok());  // pick flags that do not match the logits rows
+    EXPECT_TRUE((*fwd)->run(b, logits).ok());           // without picks the flags are not read
     std::filesystem::remove(path);
 }
 
