@@ -117,14 +117,14 @@ def describe_steps(before, after):
     line = (f"  steps {int(d.get('steps', 0))}: forward {1000 * d.get('forward', 0.0) / steps:.2f} ms a step, "
             f"host batch / draw / text {parts} ms; {kinds}")
     for k in ("decode", "decode_and_prompt"):
-        bounds = [key.split("|")[2] for key in d if key.startswith(f"b|{k}|")]
-        bounds.sort(key=lambda b: float("inf") if b == "+Inf" else float(b))
-        counts, below = [], 0.0
-        for b in bounds:
-            n = d[f"b|{k}|{b}"] - below
-            below = d[f"b|{k}|{b}"]
-            if n:
-                counts.append(f"{'<=' + format(1000 * float(b), 'g') if b != '+Inf' else '>' + format(1000 * float(bounds[-2]), 'g')} {int(n)}")
+        # upper bound (s, "+Inf" read as inf) -> steps at or below it
+        cumulative_at = {float(key.split("|")[2]): v for key, v in d.items() if key.startswith(f"b|{k}|")}
+        counts, below, last = [], 0.0, 0.0
+        for b, cumulative in sorted(cumulative_at.items()):
+            if cumulative > below:
+                label = f"<={1000 * b:g}" if b != float("inf") else f">{1000 * last:g}"
+                counts.append(f"{label} {int(cumulative - below)}")
+            below, last = cumulative, b
         if counts:
             line += f"\n    {k} steps by time (ms): " + ", ".join(counts)
     return line

@@ -203,7 +203,8 @@ TEST(Forward, PrefillEqualsTokenByTokenDecode) {
 // logits_rows): every row of a prefill that wants all its logits is the row
 // one-token decode gives, on both sides of each piece's edge; and greedy
 // picks in place of rows, piece by piece.
-model::SynthOptions wide_vocab_model(uint64_t seed) {
+TEST(Forward, OutputHeadInPiecesEqualsOneRowAtATime) {
+    const uint64_t seed = tern::test::run_seed();
     model::SynthOptions o;
     o.shape = *model::synth_preset("tiny");
     o.shape.n_vocab = 300000;
@@ -215,12 +216,7 @@ model::SynthOptions wide_vocab_model(uint64_t seed) {
     o.ftype = quant::FileType::Q8_0;  // rows of 32: the narrow model quantizes
     o.seed = seed;
     o.n_threads = 2;
-    return o;
-}
-
-TEST(Forward, OutputHeadInPiecesEqualsOneRowAtATime) {
-    const uint64_t seed = tern::test::run_seed();
-    auto path = test::write_temp_model("forward-wide-vocab-" + std::to_string(seed), wide_vocab_model(seed));
+    auto path = test::write_temp_model("forward-wide-vocab-" + std::to_string(seed), o);
     ASSERT_TRUE(path.ok()) << path.error().message;
     auto file = gguf::File::open(*path);
     ASSERT_TRUE(file.ok()) << file.error().message;
