@@ -329,8 +329,14 @@ public:
             note(Error{"cuda: embedding of " + std::to_string(n) + " tokens exceeds the workspace"});
             return;
         }
+        // A thread takes at least 64 rows (tens of microseconds), so a decode
+        // step's rows stay on this thread: a team waits for its slowest
+        // member, and on a host whose cores are busy (a server's connections)
+        // that wait was milliseconds a step (LOG s12).
+        constexpr int64_t kRowsPerThread = 64;
+        const int threads = int(std::clamp<int64_t>(n / kRowsPerThread, 1, omp_get_max_threads()));
         Status err;
-#pragma omp parallel for schedule(static) if (n > 16)
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
         for (int64_t t = 0; t < n; ++t) {
             Status s = quant::dequantize_row(table.type, base + size_t(tokens[size_t(t)]) * table.row_bytes,
                                              embed_host_ + t * table.cols, table.cols);
