@@ -13,7 +13,8 @@ constexpr double kNewest = 0.2;
 }  // namespace
 
 void PromptBudget::Average::fold(double sample, uint64_t now) {
-    value = seen ? value + kNewest * (sample - value) : sample;
+    // An average not fed for kRetry steps describes another load: replaced.
+    value = seen && now - step < kRetry ? value + kNewest * (sample - value) : sample;
     seen = true;
     step = now;
 }
@@ -21,39 +22,65 @@ void PromptBudget::Average::fold(double sample, uint64_t now) {
 PromptBudget::PromptBudget(double stretch) : on_(std::isfinite(stretch) && stretch > 1), stretch_(stretch) {}
 
 double PromptBudget::decode_step_seconds(size_t n_decode) const {
-    if (n_decode >= decode_by_n_.size()) return 0;
-    const Average& a = decode_by_n_[n_decode];
-    return a.seen && steps_ - a.step < kFresh ? a.value : 0;
+    if (n_decode == 0) return 0;
+    if (n_decode < decode_.size() && decode_[n_decode].seen) return decode_[n_decode].value;
+    size_t lo = 0, hi = 0;  // nearest timed counts below and above (0: none)
+    for (size_t i = std::min(n_decode, decode_.size()); i-- > 1;)
+        if (decode_[i].seen) {
+            lo = i;
+            break;
+        }
+    for (size_t i = n_decode + 1; i < decode_.size(); ++i)
+        if (decode_[i].seen) {
+            hi = i;
+            break;
+        }
+    if (lo == 0) return 0;
+    if (hi == 0) return decode_[lo].value;
+    const double f = double(n_decode - lo) / double(hi - lo);
+    return decode_[lo].value + f * (decode_[hi].value - decode_[lo].value);
+}
+
+double PromptBudget::mixed_step_seconds(size_t n_tokens) const {
+    if (n_tokens == 0) return 0;
+    const size_t b = (n_tokens - 1) / kBucket;
+    return b < mixed_.size() && mixed_[b].seen ? mixed_[b].value : 0;
 }
 
 size_t PromptBudget::allow(size_t n_decode, size_t room) const {
     if (!on_ || n_decode == 0) return room;
     const double own = decode_step_seconds(n_decode);
-    if (own == 0) return 0;  // measure these decoding sequences alone first
-    if (!token_.seen) return std::min(room, kProbe);
-    const double tokens = (stretch_ - 1) * own / token_.value;  // +inf when prompt tokens came free
-    if (!(tokens < double(room))) return room;
-    return std::min(room, std::max(kMinChunk, size_t(tokens)));
+    if (own == 0) return 0;  // time these decoding sequences alone first
+    const double limit = stretch_ * own;
+    const size_t most = n_decode + room;
+    size_t reach = n_decode;  // tokens in all the step may hold
+    for (size_t b = n_decode / kBucket; reach < most; ++b) {
+        const size_t top = std::min(most, (b + 1) * kBucket);
+        const Average* a = b < mixed_.size() && mixed_[b].seen ? &mixed_[b] : nullptr;
+        if (!a) {
+            reach = top;  // never tried: this step tries it
+            break;
+        }
+        if (a->value > limit) {
+            if (steps_ - a->step >= kRetry) reach = top;  // too slow long ago: tried again
+            break;
+        }
+        reach = top;
+    }
+    return std::min(room, std::max(kMinChunk, reach - n_decode));
 }
 
 void PromptBudget::record(size_t n_decode, size_t n_prompt, double seconds) {
     ++steps_;
     if (!(seconds > 0) || !std::isfinite(seconds) || n_decode + n_prompt == 0) return;
     if (n_prompt == 0) {
-        if (decode_by_n_.size() <= n_decode) decode_by_n_.resize(n_decode + 1);
-        decode_by_n_[n_decode].fold(seconds, steps_);
+        if (decode_.size() <= n_decode) decode_.resize(n_decode + 1);
+        decode_[n_decode].fold(seconds, steps_);
         return;
     }
-    if (n_decode == 0) {
-        // A prefill-only step runs the prompt tokens at full width, cheaper
-        // per token than beside decoding sequences: a first guess only.
-        if (!token_.seen) token_.fold(seconds / double(n_prompt), steps_);
-        return;
-    }
-    // What the prompt tokens added beyond the same decoding sequences alone.
-    const double own = decode_step_seconds(n_decode);
-    if (own == 0) return;
-    token_.fold(std::max(0.0, seconds - own) / double(n_prompt), steps_);
+    const size_t b = (n_decode + n_prompt - 1) / kBucket;
+    if (mixed_.size() <= b) mixed_.resize(b + 1);
+    mixed_[b].fold(seconds, steps_);
 }
 
 }  // namespace tern::runtime

@@ -210,8 +210,9 @@ TEST(Scheduler, TogetherEqualsAlone) {
 
 // With the prompt budget on (--itl-stretch), prompts that join decoding
 // sequences are cut into the chunks the step times allow, and a count of
-// decoding sequences not yet timed alone first runs a step without prompt
-// tokens: the outputs stay those of the requests alone, and every request ends.
+// decoding sequences with no timed count at or below it first runs a step
+// without prompt tokens: the outputs stay those of the requests alone, and
+// every request ends.
 TEST(Scheduler, WithAPromptBudgetTogetherEqualsAlone) {
     const uint64_t seed = tern::test::run_seed() + 12;
     SCOPED_TRACE("seed " + std::to_string(seed));
