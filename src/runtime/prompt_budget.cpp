@@ -51,10 +51,15 @@ size_t PromptBudget::allow(size_t n_decode, size_t room) const {
     if (!on_ || n_decode == 0) return room;
     const double own = decode_step_seconds(n_decode);
     if (own == 0) return 0;  // time these decoding sequences alone first
+    if (n_decode < decode_.size() && decode_[n_decode].seen && steps_ - decode_[n_decode].step >= kRetry)
+        return 0;  // their time is old (contexts grow): time them alone again
     const double limit = stretch_ * own;
     const size_t most = n_decode + room;
-    size_t reach = n_decode;  // tokens in all the step may hold
-    for (size_t b = n_decode / kBucket; reach < most; ++b) {
+    // The walk starts at the bucket of the smallest step that carries prompt
+    // tokens, so every such step lands in a bucket the walk looked at and
+    // teaches it.
+    size_t reach = std::min(most, n_decode + kMinChunk);  // tokens in all the step may hold
+    for (size_t b = (reach - 1) / kBucket; reach < most; ++b) {
         const size_t top = std::min(most, (b + 1) * kBucket);
         const Average* a = b < mixed_.size() && mixed_[b].seen ? &mixed_[b] : nullptr;
         if (!a) {
@@ -67,7 +72,7 @@ size_t PromptBudget::allow(size_t n_decode, size_t room) const {
         }
         reach = top;
     }
-    return std::min(room, std::max(kMinChunk, reach - n_decode));
+    return reach - n_decode;
 }
 
 void PromptBudget::record(size_t n_decode, size_t n_prompt, double seconds) {

@@ -19,10 +19,12 @@
 //
 // A count of decoding sequences never timed alone is estimated from the
 // nearest counts that were (between two, or a lower one: a lower bound, as
-// more sequences never take less); with none below it, the step carries no
-// prompt token and times it. A step that may carry prompt tokens carries at
-// least kMinChunk, so a long prompt keeps moving, and as many as fit when
-// nothing decodes.
+// more sequences never take less); with none below it, or when its own time
+// is kRetry steps old, the step carries no prompt token and times it. A step
+// that may carry prompt tokens carries at least kMinChunk, so a long prompt
+// keeps moving, and as many as fit when nothing decodes. Prefill-only steps
+// teach the buckets of their size too: at a given size the weights, not the
+// few decoding rows' attention, set a step's time.
 #pragma once
 
 #include <cstddef>
@@ -53,7 +55,7 @@ public:
 
     static constexpr size_t kBucket = 16;    // tokens a bucket of the mixed steps' table spans
     static constexpr size_t kMinChunk = 8;   // prompt tokens a step that may carry them carries at least
-    static constexpr uint64_t kRetry = 256;  // steps after which a bucket too slow is tried again
+    static constexpr uint64_t kRetry = 256;  // steps after which a slow bucket, or a count's own time, is measured again
 
 private:
     struct Average {

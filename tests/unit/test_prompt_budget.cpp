@@ -1,6 +1,6 @@
 // PromptBudget: how many prompt tokens a step may carry beside decoding
 // sequences, learned from the steps' own times. Times are multiples of
-// powers of two so every average below is exact.
+// powers of two, so every value compared exactly below is exact.
 #include "runtime/prompt_budget.h"
 
 #include <gtest/gtest.h>
@@ -70,6 +70,14 @@ TEST(PromptBudget, AtLeastAMinimumChunkSoLongPromptsMove) {
     EXPECT_EQ(full.allow(B, 500), B) << "the next bucket is untried";
     full.record(B, B, 4 * kStep);
     EXPECT_EQ(full.allow(B, 500), PromptBudget::kMinChunk);
+    // Decoding sequences 4 short of a bucket's end: the least step with
+    // prompt tokens lands in the next bucket, so the walk starts there and
+    // each step teaches the bucket it lands in.
+    PromptBudget near_end(2);
+    near_end.record(B - 4, 0, kStep);
+    EXPECT_EQ(near_end.allow(B - 4, 500), B + 4) << "the bucket of 17-32 tokens is untried";
+    near_end.record(B - 4, B + 4, 1.25 * kStep);
+    EXPECT_EQ(near_end.allow(B - 4, 500), 2 * B + 4) << "it fits: the next one is tried";
 }
 
 TEST(PromptBudget, TimesACountAloneOnlyWhenNothingBelowItWasTimed) {
@@ -98,6 +106,17 @@ TEST(PromptBudget, TriesASlowBucketAgainOnceItsTimeIsOld) {
     b.record(8, 3 * B - 8, 1.25 * kStep);  // an old average is replaced, not moved a fifth
     EXPECT_EQ(b.mixed_step_seconds(3 * B), 1.25 * kStep);
     EXPECT_EQ(b.allow(8, 500), 4 * B - 8);
+}
+
+TEST(PromptBudget, TimesACountAloneAgainOnceItsTimeIsOld) {
+    PromptBudget b = learned(2);  // 8 decoding sequences timed alone at its first step
+    for (uint64_t i = 0; i + 4 < PromptBudget::kRetry; ++i) b.record(4, 0, kStep / 2);
+    EXPECT_EQ(b.allow(8, 500), 2 * B - 8) << "still recent";
+    b.record(4, 0, kStep / 2);
+    EXPECT_EQ(b.allow(8, 500), 0u) << "old: this step times them alone";
+    b.record(8, 0, 1.5 * kStep);  // replaces the old time
+    EXPECT_EQ(b.decode_step_seconds(8), 1.5 * kStep);
+    EXPECT_EQ(b.allow(8, 500), 4 * B - 8) << "twice the new time: up to 48 tokens fit, 49-64 untried";
 }
 
 TEST(PromptBudget, LearnsOnlyFromStepsThatRan) {
