@@ -86,14 +86,16 @@ def one_request(host, port, prompt, max_tokens, api_key):
 
 
 def server_steps(host, port, api_key):
-    """The scheduler's counters from /metrics: steps, forward and host seconds
-    by part, and each kind of step's count and seconds."""
+    """The scheduler's counters from /metrics: steps, forward seconds (and
+    the part spent issuing), host seconds by part, and each kind of step's
+    count and seconds."""
     conn = http.client.HTTPConnection(host, port, timeout=30)
     conn.request("GET", "/metrics", headers={"Authorization": "Bearer " + api_key} if api_key else {})
     text = conn.getresponse().read().decode()
     out = {}
     for key, pattern in (("steps", r"^tern_forward_steps_total (\S+)$"),
-                         ("forward", r"^tern_step_forward_seconds_total (\S+)$")):
+                         ("forward", r"^tern_step_forward_seconds_total (\S+)$"),
+                         ("issue", r"^tern_step_forward_issue_seconds_total (\S+)$")):
         m = re.search(pattern, text, re.M)
         out[key] = float(m.group(1)) if m else 0.0
     for part, v in re.findall(r'^tern_step_host_seconds_total{part="(\w+)"} (\S+)$', text, re.M):
@@ -114,7 +116,8 @@ def describe_steps(before, after):
     parts = " / ".join(f"{1000 * d.get('host_' + p, 0.0) / steps:.2f}" for p in ("batch", "draw", "text"))
     kinds = ", ".join(f"{k} {int(d.get('n_' + k, 0))} x {1000 * d.get('s_' + k, 0.0) / max(d.get('n_' + k, 0.0), 1.0):.1f} ms"
                       for k in ("decode", "decode_and_prompt", "prompt"))
-    line = (f"  steps {int(d.get('steps', 0))}: forward {1000 * d.get('forward', 0.0) / steps:.2f} ms a step, "
+    line = (f"  steps {int(d.get('steps', 0))}: forward {1000 * d.get('forward', 0.0) / steps:.2f} ms a step "
+            f"(issuing {1000 * d.get('issue', 0.0) / steps:.2f}), "
             f"host batch / draw / text {parts} ms; {kinds}")
     for k in ("decode", "decode_and_prompt"):
         # upper bound (s, "+Inf" read as inf) -> steps at or below it

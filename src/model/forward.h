@@ -85,6 +85,13 @@ public:
     virtual Status map_kv_pages(int slot, const std::vector<int32_t>& pages) = 0;
     // Device memory the pass's backends hold (weights, KV cache, workspace); 0 on the CPU.
     virtual size_t device_bytes() const = 0;
+    // Seconds the last successful run spent on the host before it first
+    // waited for the backend's results: on a GPU, issuing the step's work (or
+    // replaying its graph) and the host's own parts of it, such as the
+    // embedding rows; on the CPU, where operations run as they are issued,
+    // the whole run. A GPU step whose issue time nears its run time is bound
+    // by the host, not the device.
+    virtual double last_issue_seconds() const = 0;
 };
 
 class Forward final : public Pass {
@@ -121,6 +128,7 @@ public:
     int kv_pool_pages() const override { return kv_.pool_pages(); }
     Status map_kv_pages(int slot, const std::vector<int32_t>& pages) override;
     size_t device_bytes() const override { return be_.device_bytes(); }
+    double last_issue_seconds() const override { return issue_seconds_; }
 
     // The output head runs on at most this many rows at a time, so its
     // workspace stays near kLogitsBytes whatever the vocabulary (Gemma 3's
@@ -142,6 +150,7 @@ private:
     backend::KvCacheShape kv_;
     std::vector<int> mapped_pages_;  // per slot: its first pages that are mapped
     bool shard_ = false;
+    double issue_seconds_ = 0;  // of the last run (Pass::last_issue_seconds)
     backend::Tensor x_, h_, q_, k_, v_, att_, gate_, up_, sel_, logits_;
     backend::Tensor router_, experts_out_;  // mixtures of experts only
 };

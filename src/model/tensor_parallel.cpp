@@ -383,6 +383,12 @@ Status TpForward::run(const Batch& batch, Logits& logits, Picks* picks) {
     return {};
 }
 
+double TpForward::last_issue_seconds() const {
+    double most = 0;
+    for (const auto& r : ranks_) most = std::max(most, r->fwd->last_issue_seconds());
+    return most;
+}
+
 Result<std::unique_ptr<TpForward>> make_cpu_tensor_parallel(const Model& model, int n_ranks, int max_tokens,
                                                            int n_slots, int n_ctx, int threads_per_rank) {
     if (n_ranks < 1) return Error{"tensor parallel: " + str(n_ranks) + " ranks"};

@@ -100,6 +100,7 @@ public:
     int n_ranks() const { return plan_.n_ranks; }
     const backend::Backend& rank_backend(int rank) const;
     size_t device_bytes() const override;  // over every rank
+    double last_issue_seconds() const override;  // the longest rank's
 
 private:
     TpForward() = default;

@@ -405,6 +405,7 @@ bool Scheduler::step() {
         std::lock_guard<std::mutex> lock(mu_);
         ++stats_.steps;
         stats_.forward_seconds += ms_between(t_forward, t_sample) / 1000.0;
+        if (st.ok()) stats_.forward_issue_seconds += engine_.forward().last_issue_seconds();
         stats_.host_seconds[SchedulerStats::kBatchPart] += ms_between(t_step, t_forward) / 1000.0;
     }
     if (!st.ok()) {

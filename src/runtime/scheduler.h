@@ -86,6 +86,7 @@ struct SchedulerStats {
     double generate_seconds = 0;     // summed per-request decode time
     uint64_t steps = 0;              // forward calls
     double forward_seconds = 0;      // inside the forward calls of the steps
+    double forward_issue_seconds = 0;  // of those, before each call first waited (Pass::last_issue_seconds)
     // The rest of the steps, the scheduler's own work, in three parts:
     // building the batch (and dropping cancelled sequences), the draws of
     // the next tokens, and what follows them (detokenizing, stop strings,

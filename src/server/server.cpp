@@ -462,6 +462,10 @@ std::string Server::metrics_text() {
            st.generate_seconds > 0 ? double(st.generated_tokens) / st.generate_seconds : 0.0);
     metric("tern_forward_steps_total", "counter", "Batched forward calls.", double(st.steps));
     metric("tern_step_forward_seconds_total", "counter", "Seconds inside the steps' forward calls.", st.forward_seconds);
+    metric("tern_step_forward_issue_seconds_total", "counter",
+           "Of those, seconds before each forward call first waited for the device: issuing its work (on the CPU, "
+           "all of it).",
+           st.forward_issue_seconds);
     line("# HELP tern_step_host_seconds_total Seconds of the steps' own host work, by part: building the batch, "
          "drawing the next tokens, and their text (the callbacks run beside the next step).");
     line("# TYPE tern_step_host_seconds_total counter");

@@ -177,7 +177,7 @@ def test_health_models_metrics_page(server):
     assert 'tern_requests_total{endpoint="/health",status="200"}' in text
     for name in ("tern_prompt_tokens_total", "tern_generated_tokens_total", "tern_queue_depth",
                  "tern_active_sequences", "tern_prompt_tokens_per_second", "tern_generation_tokens_per_second",
-                 "tern_step_forward_seconds_total", "tern_kv_pages",
+                 "tern_step_forward_seconds_total", "tern_step_forward_issue_seconds_total", "tern_kv_pages",
                  "tern_kv_page_tokens", "tern_kv_pages_held", "tern_kv_pages_kept",
                  "tern_prefix_tokens_reused_total", "tern_preemptions_total"):
         assert re.search(rf"^{name} [0-9.e+]+$", text, re.M), name

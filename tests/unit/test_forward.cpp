@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <functional>
@@ -312,6 +313,37 @@ TEST(Forward, RejectsBadBatches) {
     model::Pass::Picks picks;
     EXPECT_FALSE((*fwd)->run(b, logits, &picks).ok());  // pick flags that do not match the logits rows
     EXPECT_TRUE((*fwd)->run(b, logits).ok());           // without picks the flags are not read
+    std::filesystem::remove(path);
+}
+
+// The issue time is the host's part of a run before it first waits for the
+// backend (on the CPU, nearly all of it): measured anew each run that gets
+// that far, within the run's own time, and left alone by a refused batch.
+TEST(Forward, IssueTimeIsTheRunsHostPartBeforeItWaits) {
+    const std::string path = write_model(Case{"tiny", quant::FileType::Q8_0, 0}, 8);
+    auto file = gguf::File::open(path);
+    ASSERT_TRUE(file.ok());
+    auto be = backend::make_cpu_backend(1);
+    auto m = model::load_model(**file, *be);
+    ASSERT_TRUE(m.ok());
+    auto fwd = model::Forward::create(*m, *be, 4, 1, 8);
+    ASSERT_TRUE(fwd.ok());
+    EXPECT_EQ((*fwd)->last_issue_seconds(), 0.0) << "nothing has run";
+    model::Logits logits;
+    for (bool want_logits : {true, false}) {
+        model::Batch b;
+        for (int i = 0; i < 4; ++i) b.add(1 + i, i, 0, want_logits && i == 3);
+        const auto t0 = std::chrono::steady_clock::now();
+        ASSERT_TRUE((*fwd)->run(b, logits).ok());
+        const double run = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const double issue = (*fwd)->last_issue_seconds();
+        EXPECT_GT(issue, 0.0) << want_logits;
+        EXPECT_LE(issue, run) << want_logits;
+        model::Batch bad;
+        bad.add(m->hp.n_vocab, 0, 0, true);
+        EXPECT_FALSE((*fwd)->run(bad, logits).ok());
+        EXPECT_EQ((*fwd)->last_issue_seconds(), issue) << "a refused batch measures nothing";
+    }
     std::filesystem::remove(path);
 }
 

@@ -158,6 +158,8 @@ TEST(Scheduler, TogetherEqualsAlone) {
         // scheduler's own host work, both measured.
         const SchedulerStats st = s.stats();
         EXPECT_GT(st.forward_seconds, 0.0);
+        EXPECT_GT(st.forward_issue_seconds, 0.0);
+        EXPECT_LE(st.forward_issue_seconds, st.forward_seconds + 1e-6) << "a part of the forward calls";
         for (double part : st.host_seconds) EXPECT_GT(part, 0.0);
         // Every step is in the histogram of its kind: one request at a time,
         // so each opens with prompt-only steps (a long prompt takes several)

@@ -390,6 +390,7 @@ TEST_P(CpuTp, EqualsUnshardedForward) {
         model::Logits rows;
         model::Pass::Picks picks;
         ASSERT_TRUE((*tp)->run(picked, rows, &picks).ok());
+        EXPECT_GT((*tp)->last_issue_seconds(), 0.0);  // the ranks' longest
         ASSERT_EQ(picks.size(), size_t(kPrompt));
         for (size_t i = 0; i < size_t(kPrompt); i += 2)
             ASSERT_EQ(picks[i], int32_t(backend::cpu::argmax_first(rows.data() + i * nv, int64_t(nv)))) << "row " << i;
