@@ -11,6 +11,8 @@
 #include <cmath>
 #include <filesystem>
 #include <functional>
+#include <memory>
+#include <optional>
 #include <random>
 #include <span>
 
@@ -284,67 +286,84 @@ TEST(Forward, OutputHeadInPiecesEqualsOneRowAtATime) {
     std::filesystem::remove(*path);
 }
 
-TEST(Forward, RejectsBadBatches) {
-    const std::string path = write_model(Case{"tiny", quant::FileType::Q8_0, 0}, 7);
-    auto file = gguf::File::open(path);
+// A tiny Q8_0 model on one CPU thread and its forward pass: batches of up
+// to 4 tokens, one slot of 8 positions.
+struct TinyPass {
+    std::string path;
+    std::unique_ptr<gguf::File> file;
+    std::unique_ptr<backend::Backend> be;
+    std::optional<model::Model> m;
+    std::unique_ptr<model::Forward> fwd;
+    ~TinyPass() {
+        if (!path.empty()) std::filesystem::remove(path);
+    }
+};
+
+void open_tiny_pass(TinyPass& t, uint64_t seed) {
+    t.path = write_model(Case{"tiny", quant::FileType::Q8_0, 0}, seed);
+    auto file = gguf::File::open(t.path);
     ASSERT_TRUE(file.ok());
-    auto be = backend::make_cpu_backend(1);
-    auto m = model::load_model(**file, *be);
+    t.file = std::move(*file);
+    t.be = backend::make_cpu_backend(1);
+    auto m = model::load_model(*t.file, *t.be);
     ASSERT_TRUE(m.ok());
-    auto fwd = model::Forward::create(*m, *be, 4, 1, 8);
+    t.m.emplace(std::move(*m));
+    auto fwd = model::Forward::create(*t.m, *t.be, 4, 1, 8);
     ASSERT_TRUE(fwd.ok());
+    t.fwd = std::move(*fwd);
+}
+
+TEST(Forward, RejectsBadBatches) {
+    TinyPass t;
+    ASSERT_NO_FATAL_FAILURE(open_tiny_pass(t, 7));
+    auto& fwd = t.fwd;
+    const model::Model* m = &*t.m;
     model::Logits logits;
     model::Batch b;
-    EXPECT_FALSE((*fwd)->run(b, logits).ok());  // empty
+    EXPECT_FALSE(fwd->run(b, logits).ok());  // empty
     b.add(m->hp.n_vocab, 0, 0, true);
-    EXPECT_FALSE((*fwd)->run(b, logits).ok());  // token outside the vocabulary
+    EXPECT_FALSE(fwd->run(b, logits).ok());  // token outside the vocabulary
     b = {};
     b.add(1, 8, 0, true);
-    EXPECT_FALSE((*fwd)->run(b, logits).ok());  // position past the context
+    EXPECT_FALSE(fwd->run(b, logits).ok());  // position past the context
     b = {};
     b.add(1, 0, 1, true);
-    EXPECT_FALSE((*fwd)->run(b, logits).ok());  // slot that does not exist
+    EXPECT_FALSE(fwd->run(b, logits).ok());  // slot that does not exist
     b = {};
     for (int i = 0; i < 5; ++i) b.add(1, i, 0, false);
-    EXPECT_FALSE((*fwd)->run(b, logits).ok());  // larger than the workspace
+    EXPECT_FALSE(fwd->run(b, logits).ok());  // larger than the workspace
     b = {};
     b.add(1, 0, 0, true);
     b.pick_only.clear();
     model::Pass::Picks picks;
-    EXPECT_FALSE((*fwd)->run(b, logits, &picks).ok());  // pick flags that do not match the logits rows
-    EXPECT_TRUE((*fwd)->run(b, logits).ok());           // without picks the flags are not read
-    std::filesystem::remove(path);
+    EXPECT_FALSE(fwd->run(b, logits, &picks).ok());  // pick flags that do not match the logits rows
+    EXPECT_TRUE(fwd->run(b, logits).ok());           // without picks the flags are not read
 }
 
 // The issue time is the host's part of a run before it first waits for the
 // backend (on the CPU, nearly all of it): measured anew each run that gets
 // that far, within the run's own time, and left alone by a refused batch.
 TEST(Forward, IssueTimeIsTheRunsHostPartBeforeItWaits) {
-    const std::string path = write_model(Case{"tiny", quant::FileType::Q8_0, 0}, 8);
-    auto file = gguf::File::open(path);
-    ASSERT_TRUE(file.ok());
-    auto be = backend::make_cpu_backend(1);
-    auto m = model::load_model(**file, *be);
-    ASSERT_TRUE(m.ok());
-    auto fwd = model::Forward::create(*m, *be, 4, 1, 8);
-    ASSERT_TRUE(fwd.ok());
-    EXPECT_EQ((*fwd)->last_issue_seconds(), 0.0) << "nothing has run";
+    TinyPass t;
+    ASSERT_NO_FATAL_FAILURE(open_tiny_pass(t, 8));
+    auto& fwd = t.fwd;
+    const model::Model* m = &*t.m;
+    EXPECT_EQ(fwd->last_issue_seconds(), 0.0) << "nothing has run";
     model::Logits logits;
     for (bool want_logits : {true, false}) {
         model::Batch b;
         for (int i = 0; i < 4; ++i) b.add(1 + i, i, 0, want_logits && i == 3);
         const auto t0 = std::chrono::steady_clock::now();
-        ASSERT_TRUE((*fwd)->run(b, logits).ok());
+        ASSERT_TRUE(fwd->run(b, logits).ok());
         const double run = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        const double issue = (*fwd)->last_issue_seconds();
+        const double issue = fwd->last_issue_seconds();
         EXPECT_GT(issue, 0.0) << want_logits;
         EXPECT_LE(issue, run) << want_logits;
         model::Batch bad;
         bad.add(m->hp.n_vocab, 0, 0, true);
-        EXPECT_FALSE((*fwd)->run(bad, logits).ok());
-        EXPECT_EQ((*fwd)->last_issue_seconds(), issue) << "a refused batch measures nothing";
+        EXPECT_FALSE(fwd->run(bad, logits).ok());
+        EXPECT_EQ(fwd->last_issue_seconds(), issue) << "a refused batch measures nothing";
     }
-    std::filesystem::remove(path);
 }
 
 }  // namespace
