@@ -108,13 +108,7 @@ Status Forward::map_kv_pages(int slot, const std::vector<int32_t>& pages) {
 
 Status Forward::run(const Batch& batch, Logits& logits, Picks* picks) {
     const auto t_start = std::chrono::steady_clock::now();
-    // Called before each wait for the backend's results; the first one ends the issue time.
-    bool issued = false;
-    auto before_wait = [&] {
-        if (issued) return;
-        issued = true;
-        issue_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-    };
+    auto since_start = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count(); };
     const Hparams& h = m_.hp;
     const int64_t n = int64_t(batch.size());
     if (n == 0) return Error{"forward: empty batch"};
@@ -158,7 +152,7 @@ Status Forward::run(const Batch& batch, Logits& logits, Picks* picks) {
     for (int il = 0; il < h.n_layer; ++il) family_->forward_layer(pass, m_.layers[size_t(il)], il);
     // logits for the selected tokens: W_out · n(x)
     if (m == 0) {
-        before_wait();
+        issue_seconds_ = since_start();  // the run's one wait follows
         be_.synchronize();
         return be_.take_error();
     }
@@ -178,7 +172,8 @@ Status Forward::run(const Batch& batch, Logits& logits, Picks* picks) {
         be_.matmul(m_.output, sel, out);
         bool any_pick = false, any_row = !picks;
         for (int64_t j = r0; picks && j < r0 + r; ++j) (batch.pick_only[size_t(j)] ? any_pick : any_row) = true;
-        if (any_pick || any_row) before_wait();
+        // Every row wants its pick or its logits, so the first piece waits: the issue time ends there.
+        if (r0 == 0) issue_seconds_ = since_start();
         if (any_pick) be_.argmax_rows(out, picks->data() + r0);
         if (any_row) be_.download(out, logits.data() + size_t(r0) * size_t(m_.output.rows));
     }

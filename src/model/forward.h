@@ -85,8 +85,8 @@ public:
     virtual Status map_kv_pages(int slot, const std::vector<int32_t>& pages) = 0;
     // Device memory the pass's backends hold (weights, KV cache, workspace); 0 on the CPU.
     virtual size_t device_bytes() const = 0;
-    // Seconds the last successful run spent on the host before it first
-    // waited for the backend's results: on a GPU, issuing the step's work (or
+    // Seconds the last run that got past its checks spent on the host before
+    // it first waited for the backend's results: on a GPU, issuing the step's work (or
     // replaying its graph) and the host's own parts of it, such as the
     // embedding rows; on the CPU, where operations run as they are issued,
     // the whole run. A GPU step whose issue time nears its run time is bound

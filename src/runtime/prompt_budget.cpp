@@ -23,18 +23,12 @@ PromptBudget::PromptBudget(double stretch) : on_(std::isfinite(stretch) && stret
 
 double PromptBudget::decode_step_seconds(size_t n_decode) const {
     if (n_decode == 0) return 0;
-    if (n_decode < decode_.size() && decode_[n_decode].seen) return decode_[n_decode].value;
+    if (const Average* own = fed(decode_, n_decode)) return own->value;
     size_t lo = 0, hi = 0;  // nearest timed counts below and above (0: none)
-    for (size_t i = std::min(n_decode, decode_.size()); i-- > 1;)
-        if (decode_[i].seen) {
-            lo = i;
-            break;
-        }
-    for (size_t i = n_decode + 1; i < decode_.size(); ++i)
-        if (decode_[i].seen) {
-            hi = i;
-            break;
-        }
+    for (size_t i = std::min(n_decode, decode_.size()); i-- > 1 && lo == 0;)
+        if (fed(decode_, i)) lo = i;
+    for (size_t i = n_decode + 1; i < decode_.size() && hi == 0; ++i)
+        if (fed(decode_, i)) hi = i;
     if (lo == 0) return 0;
     if (hi == 0) return decode_[lo].value;
     const double f = double(n_decode - lo) / double(hi - lo);
@@ -43,15 +37,15 @@ double PromptBudget::decode_step_seconds(size_t n_decode) const {
 
 double PromptBudget::mixed_step_seconds(size_t n_tokens) const {
     if (n_tokens == 0) return 0;
-    const size_t b = (n_tokens - 1) / kBucket;
-    return b < mixed_.size() && mixed_[b].seen ? mixed_[b].value : 0;
+    const Average* a = fed(mixed_, (n_tokens - 1) / kBucket);
+    return a ? a->value : 0;
 }
 
 size_t PromptBudget::allow(size_t n_decode, size_t room) const {
     if (!on_ || n_decode == 0) return room;
     const double own = decode_step_seconds(n_decode);
     if (own == 0) return 0;  // time these decoding sequences alone first
-    if (n_decode < decode_.size() && decode_[n_decode].seen && steps_ - decode_[n_decode].step >= kRetry)
+    if (const Average* timed = fed(decode_, n_decode); timed && steps_ - timed->step >= kRetry)
         return 0;  // their time is old (contexts grow): time them alone again
     const double limit = stretch_ * own;
     const size_t most = n_decode + room;
@@ -61,7 +55,7 @@ size_t PromptBudget::allow(size_t n_decode, size_t room) const {
     size_t reach = std::min(most, n_decode + kMinChunk);  // tokens in all the step may hold
     for (size_t b = (reach - 1) / kBucket; reach < most; ++b) {
         const size_t top = std::min(most, (b + 1) * kBucket);
-        const Average* a = b < mixed_.size() && mixed_[b].seen ? &mixed_[b] : nullptr;
+        const Average* a = fed(mixed_, b);
         if (!a) {
             reach = top;  // never tried: this step tries it
             break;

@@ -11,8 +11,9 @@
 // (in buckets of kBucket tokens). A step's time is not linear in its tokens
 // on a GPU: it is nearly flat while one kernel serves the count, then jumps
 // where a wider one takes over, so the budget reads the measured times of
-// whole steps rather than a cost per token. Going up the buckets from the
-// decoding sequences' own count, each bucket known to fit extends the chunk,
+// whole steps rather than a cost per token. Going up the buckets from that
+// of the smallest step with prompt tokens (the decoding sequences and
+// kMinChunk), each bucket known to fit extends the chunk,
 // the first unknown one is tried (its step teaches it), and the first known
 // too slow ends the walk; a slow bucket not stepped into for kRetry steps is
 // tried again, since one slow step must not close it for good.
@@ -64,6 +65,10 @@ private:
         uint64_t step = 0;  // when last folded
         void fold(double sample, uint64_t now);
     };
+    // Entry i of a table, if a step has fed it; else null.
+    static const Average* fed(const std::vector<Average>& table, size_t i) {
+        return i < table.size() && table[i].seen ? &table[i] : nullptr;
+    }
 
     bool on_;
     double stretch_;

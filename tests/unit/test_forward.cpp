@@ -274,7 +274,9 @@ TEST(Forward, OutputHeadInPiecesEqualsOneRowAtATime) {
         const float* row = all.data() + i * nv;
         if (picked.pick_only[i]) {
             ASSERT_EQ(picks[i], int32_t(backend::cpu::argmax_first(row, int64_t(nv)))) << "row " << i << " seed " << seed;
-            if (int64_t(i) < piece) ASSERT_TRUE(std::isnan(got[i * nv])) << "row " << i << " of a piece of picks was copied";
+            if (int64_t(i) < piece) {
+                ASSERT_TRUE(std::isnan(got[i * nv])) << "row " << i << " of a piece of picks was copied";
+            }
         } else {
             for (size_t j = 0; j < nv; ++j)
                 ASSERT_EQ(got[i * nv + j], row[j]) << "row " << i << " logit " << j << " seed " << seed;
