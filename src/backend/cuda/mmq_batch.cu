@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <string>
 
 #include "backend/cuda/block_decode.cuh"
 #include "backend/cuda/bulk_copy.cuh"
@@ -605,6 +606,19 @@ int stream_from() {
     return from;
 }
 
+// Token counts the streamed kernel runs as the next multiple of 16: its two
+// warps of a row group split the 8-token tiles, and an odd count leaves
+// each sub-block's decode under a test of the last tile, which cost more
+// than a tile of zeros (a 7B step of 40 tokens took 9.4 ms, of 48 7.2 ms,
+// LOG g76). TERN_MMQB_ODD_TILES=1 keeps the odd counts, for A/B runs.
+bool odd_tiles_on() {
+    static const bool on = [] {
+        const char* v = std::getenv("TERN_MMQB_ODD_TILES");
+        return v && std::string(v) == "1";
+    }();
+    return on;
+}
+
 // The streamed kernel, its maps encoded; false where the driver cannot
 // describe them.
 template <WType T, bool WIDE, int NT>
@@ -635,8 +649,14 @@ bool staged_aligned(const DevAct& a) {
 template <WType T, bool WIDE, int NT>
 void launch_for(const DevWeight& w, const DevAct& a, int n, float* y, int64_t ys, cudaStream_t s) {
     const unsigned grid = unsigned((w.rows + kRows - 1) / kRows);
-    if constexpr ((T != WType::Q6_K || WIDE) && NT >= 16)
-        if (staged_aligned(a) && mmq_batch_streams(w, n) && launch_stream<T, WIDE, NT>(w, a, n, y, ys, s)) return;
+    if constexpr ((T != WType::Q6_K || WIDE) && NT >= 16) {
+        if (staged_aligned(a) && mmq_batch_streams(w, n)) {
+            constexpr int kEven = (NT / 8) % 2 ? NT + 8 : NT;
+            if (kEven != NT && !odd_tiles_on() ? launch_stream<T, WIDE, kEven>(w, a, n, y, ys, s)
+                                               : launch_stream<T, WIDE, NT>(w, a, n, y, ys, s))
+                return;
+        }
+    }
     // Past 48 KiB (32 tokens and more; the staged kernel from 24) the
     // kernels need the opt-in; cheap, and decode steps replay from CUDA
     // graphs. A failure fails the launch, which the caller's error check
