@@ -87,15 +87,16 @@ def one_request(host, port, prompt, max_tokens, api_key):
 
 def server_steps(host, port, api_key):
     """The scheduler's counters from /metrics: steps, forward seconds (and
-    the part spent issuing), host seconds by part, and each kind of step's
-    count and seconds."""
+    the part spent issuing), graphs captured, host seconds by part, and each
+    kind of step's count and seconds."""
     conn = http.client.HTTPConnection(host, port, timeout=30)
     conn.request("GET", "/metrics", headers={"Authorization": "Bearer " + api_key} if api_key else {})
     text = conn.getresponse().read().decode()
     out = {}
     for key, pattern in (("steps", r"^tern_forward_steps_total (\S+)$"),
                          ("forward", r"^tern_step_forward_seconds_total (\S+)$"),
-                         ("issue", r"^tern_step_forward_issue_seconds_total (\S+)$")):
+                         ("issue", r"^tern_step_forward_issue_seconds_total (\S+)$"),
+                         ("graphs", r"^tern_graphs_captured_total (\S+)$")):
         m = re.search(pattern, text, re.M)
         out[key] = float(m.group(1)) if m else 0.0
     for part, v in re.findall(r'^tern_step_host_seconds_total{part="(\w+)"} (\S+)$', text, re.M):
@@ -118,7 +119,7 @@ def describe_steps(before, after):
                       for k in ("decode", "decode_and_prompt", "prompt"))
     line = (f"  steps {int(d.get('steps', 0))}: forward {1000 * d.get('forward', 0.0) / steps:.2f} ms a step "
             f"(issuing {1000 * d.get('issue', 0.0) / steps:.2f}), "
-            f"host batch / draw / text {parts} ms; {kinds}")
+            f"host batch / draw / text {parts} ms; {kinds}; graphs captured {int(d.get('graphs', 0))}")
     for k in ("decode", "decode_and_prompt"):
         # upper bound (s, "+Inf" read as inf) -> steps at or below it
         cumulative_at = {float(key.split("|")[2]): v for key, v in d.items() if key.startswith(f"b|{k}|")}

@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -34,6 +35,7 @@ struct ServeOptions {
     int max_queue = 64;
     int max_body = 1 << 20;
     float itl_stretch = 0;
+    bool no_warmup = false;
 };
 
 void run_serve(const ServeOptions& o, const CLI::App& cmd) {
@@ -132,7 +134,13 @@ void run_serve(const ServeOptions& o, const CLI::App& cmd) {
     runtime::SchedulerOptions so;
     so.max_queue = o.max_queue;
     so.itl_stretch = o.itl_stretch;
+    so.warm_up_tokens = o.no_warmup ? 0 : engine->forward().graph_tokens();
     runtime::Scheduler scheduler(*engine, so);
+    if (!scheduler.warm_up_status().ok())
+        std::fprintf(stderr, "tern serve: %s (serving without it)\n", scheduler.warm_up_status().message().c_str());
+    else if (so.warm_up_tokens > 0)
+        std::fprintf(stderr, "tern serve: steps of 1-%d tokens captured as graphs in %.2f s\n",
+                     std::min(so.warm_up_tokens, o.model.batch), scheduler.stats().warm_up_seconds);
     {
         std::lock_guard<std::mutex> lock(stop_mu);
         if (!stop_requested)
@@ -168,6 +176,10 @@ void add_serve_command(CLI::App& app) {
                      "While sequences decode, a step takes only the prompt tokens that keep it within this many "
                      "times what its decoding sequences alone take, learned from the steps' times, and at least 8; "
                      "longer prompts span steps (default 0: as many as --batch holds)");
+    cmd->add_flag("--no-warmup", o->no_warmup,
+                  "Start serving without first capturing the steps of 1 to 64 tokens as CUDA graphs; each shape "
+                  "is then captured the second time it runs, milliseconds that land in some streams' gaps between "
+                  "tokens");
     add_int_option(cmd, kCmd, "--max-body", o->max_body, "Largest request body in bytes (default 1048576)");
     add_int_option(cmd, kCmd, "--timeout", o->http.timeout_s,
                    "Seconds to receive a request body, and for each write to a client (default 600)");

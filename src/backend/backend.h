@@ -263,6 +263,16 @@ public:
     // Device memory still free for this backend to take, in bytes; 0 for a
     // backend that uses host memory (no bound is known).
     virtual size_t free_device_bytes() const { return 0; }
+
+    // Steps of up to this many tokens, which the backend captures as a graph
+    // on their second run and replays from then on, a graph for each token
+    // count, count of logits rows (BatchLayout::n_logits) and kind of step:
+    // a token from each sequence, or not. 0 for a backend that captures
+    // none. A capture costs its step milliseconds of host time, so a server
+    // runs these steps before it serves (runtime::Scheduler's warm-up).
+    virtual int graph_tokens() const { return 0; }
+    // Steps captured so far.
+    virtual uint64_t graphs_captured() const { return 0; }
 };
 
 // The matrix view of a GGUF tensor (name, type, shape, host bytes, row stride),

@@ -145,7 +145,12 @@ Status Forward::run(const Batch& batch, Logits& logits, Picks* picks) {
     // page-locked buffer is no call to make while a stream is captured.
     const int64_t m = int64_t(batch.logits_for.size());
     logits.resize(size_t(m) * size_t(m_.output.rows));  // every value written below: no clearing
-    be_.set_batch(backend::BatchLayout{batch.slot, batch.pos, int(batch.logits_for.size())});
+    // A step the backend captures as a graph runs the head on a row per
+    // token, the wanted rows first and the last of them repeated, so that one
+    // graph serves a token count whatever number of its tokens want logits.
+    // A row's logits do not depend on the rows beside it.
+    const int64_t head_rows = m > 0 && n <= be_.graph_tokens() && n <= logits_rows_ ? n : m;
+    be_.set_batch(backend::BatchLayout{batch.slot, batch.pos, int(head_rows)});
     // x = embedding rows of the tokens (scaled, for the families that do)
     be_.embed(m_.token_embd, batch.tokens, x);
     if (h.embd_scale != 0.0f) be_.scale(x, h.embd_scale);
@@ -164,12 +169,14 @@ Status Forward::run(const Batch& batch, Logits& logits, Picks* picks) {
     for (int64_t r0 = 0; r0 < m; r0 += logits_rows_) {
         const int64_t r = std::min(logits_rows_, m - r0);
         piece.assign(batch.logits_for.begin() + r0, batch.logits_for.begin() + r0 + r);
+        if (head_rows > m) piece.resize(size_t(head_rows), piece.back());  // one piece: m <= n <= logits_rows_
         Tensor sel = sel_, out = logits_;
-        sel.rows = r;
-        out.rows = r;
+        sel.rows = int64_t(piece.size());
+        out.rows = sel.rows;
         be_.gather_rows(x, piece, sel);
         be_.rms_norm(sel, m_.output_norm, h.norm_eps, sel);
         be_.matmul(m_.output, sel, out);
+        out.rows = r;  // the wanted rows
         bool any_pick = false, any_row = !picks;
         for (int64_t j = r0; picks && j < r0 + r; ++j) (batch.pick_only[size_t(j)] ? any_pick : any_row) = true;
         // Every row wants its pick or its logits, so the first piece waits: the issue time ends there.

@@ -92,6 +92,12 @@ public:
     // the whole run. A GPU step whose issue time nears its run time is bound
     // by the host, not the device.
     virtual double last_issue_seconds() const = 0;
+    // Steps of up to this many tokens are captured as graphs on their second
+    // run (Backend::graph_tokens; 0: none are), a graph for each token count
+    // and kind of step (a token from each sequence, or not) of those that
+    // want logits; and how many steps have been captured so far.
+    virtual int graph_tokens() const = 0;
+    virtual uint64_t graphs_captured() const = 0;
 };
 
 class Forward final : public Pass {
@@ -129,6 +135,8 @@ public:
     Status map_kv_pages(int slot, const std::vector<int32_t>& pages) override;
     size_t device_bytes() const override { return be_.device_bytes(); }
     double last_issue_seconds() const override { return issue_seconds_; }
+    int graph_tokens() const override { return be_.graph_tokens(); }
+    uint64_t graphs_captured() const override { return be_.graphs_captured(); }
 
     // The output head runs on at most this many rows at a time, so its
     // workspace stays near kLogitsBytes whatever the vocabulary (Gemma 3's

@@ -389,6 +389,18 @@ double TpForward::last_issue_seconds() const {
     return most;
 }
 
+int TpForward::graph_tokens() const {
+    int fewest = ranks_.empty() ? 0 : ranks_.front()->fwd->graph_tokens();
+    for (const auto& r : ranks_) fewest = std::min(fewest, r->fwd->graph_tokens());
+    return fewest;
+}
+
+uint64_t TpForward::graphs_captured() const {
+    uint64_t most = 0;
+    for (const auto& r : ranks_) most = std::max(most, r->fwd->graphs_captured());
+    return most;
+}
+
 Result<std::unique_ptr<TpForward>> make_cpu_tensor_parallel(const Model& model, int n_ranks, int max_tokens,
                                                            int n_slots, int n_ctx, int threads_per_rank) {
     if (n_ranks < 1) return Error{"tensor parallel: " + str(n_ranks) + " ranks"};

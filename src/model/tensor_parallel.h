@@ -101,6 +101,8 @@ public:
     const backend::Backend& rank_backend(int rank) const;
     size_t device_bytes() const override;  // over every rank
     double last_issue_seconds() const override;  // the longest rank's
+    int graph_tokens() const override;     // the fewest of a rank
+    uint64_t graphs_captured() const override;    // the most of a rank
 
 private:
     TpForward() = default;

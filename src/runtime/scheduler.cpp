@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <optional>
 
 #include "runtime/token_stream.h"
 
@@ -55,7 +56,56 @@ Scheduler::Scheduler(Engine& engine, SchedulerOptions options)
     if (const char* v = std::getenv("TERN_GREEDY_PICKS")) picks_on_ = std::string(v) != "0";
     stats_.kv_pages = pool_.n_pages();
     stats_.kv_page_size = pool_.page_size();
+    if (options_.warm_up_tokens > 0) warm_up(std::min(options_.warm_up_tokens, max_batch_));
+    stats_.graphs_captured = engine_.forward().graphs_captured();
     thread_ = std::thread([this] { loop(); });
+}
+
+// Steps of every size from 1 to n_tokens tokens, each run twice, in both
+// kinds a backend captures apart: a token from each of n sequences (decode),
+// and n tokens of which two belong to one sequence (prompt tokens beside
+// decoding ones), every token wanting logits. They decode at positions 0 and
+// 1 of slots 0..n-1, on pages borrowed from the pool (shared by several
+// slots when it has fewer pages than slots) and given back unmapped: what
+// the steps wrote there is garbage that a sequence taking the page
+// overwrites before it reads it, as with any page it takes.
+void Scheduler::warm_up(int n_tokens) {
+    const auto t0 = Clock::now();
+    model::Pass& pass = engine_.forward();
+    const int n_seqs = std::min(n_tokens, n_slots_);
+    std::vector<int32_t> pages;
+    while (int(pages.size()) < n_seqs)
+        if (std::optional<int32_t> page = pool_.take())
+            pages.push_back(*page);
+        else
+            break;
+    Status st = pages.empty() ? Status(Error{"no KV page is free"}) : Status();
+    for (int i = 0; i < n_seqs && st.ok(); ++i) st = pass.map_kv_pages(i, {pages[size_t(i) % pages.size()]});
+    model::Batch batch;
+    auto run_twice = [&] {
+        for (int run = 0; run < 2 && st.ok(); ++run) st = pass.run(batch, logits_, &picks_);
+    };
+    for (int n = 1; n <= n_tokens && st.ok(); ++n) {
+        if (n <= n_seqs) {
+            batch = {};
+            for (int i = 0; i < n; ++i) batch.add(0, 0, i, true, true);
+            run_twice();
+        }
+        if (n >= 2) {
+            batch = {};
+            batch.add(0, 0, 0, true, true);
+            batch.add(0, 1, 0, true, true);
+            for (int i = 2; i < n; ++i) batch.add(0, 0, (i - 1) % n_seqs, true, true);
+            run_twice();
+        }
+    }
+    for (int i = 0; i < n_seqs; ++i) {
+        const Status unmapped = pass.map_kv_pages(i, {});
+        if (st.ok()) st = unmapped;
+    }
+    for (int32_t page : pages) pool_.release(page);
+    if (!st.ok()) warm_up_status_ = Error{"warm-up: " + st.message()};
+    stats_.warm_up_seconds = ms_between(t0, Clock::now()) / 1000.0;
 }
 
 Scheduler::~Scheduler() { shutdown(); }
@@ -450,7 +500,9 @@ bool Scheduler::step() {
             outbox_.push_back([cb = s.callbacks, piece = std::move(piece)] { cb->on_text(piece); });
         if (s.stream.done()) finish(slot, true, {});
     }
+    const uint64_t captured = engine_.forward().graphs_captured();
     std::lock_guard<std::mutex> lock(mu_);
+    stats_.graphs_captured = captured;
     stats_.prompt_tokens += new_prompt;
     stats_.generated_tokens += new_generated;
     stats_.kv_pages_held = pool_.held();

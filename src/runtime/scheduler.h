@@ -48,6 +48,14 @@ struct SchedulerOptions {
     // it within this many times what its decoding sequences alone take
     // (runtime/prompt_budget.h); 1 or less (the default): as many as fit.
     double itl_stretch = 0;
+    // Before serving, steps of 1 to this many tokens (at most the batch) run
+    // twice each, as a token from each of as many sequences (at most the
+    // slots) and as prompt tokens beside decoding ones, so that a backend
+    // that captures steps as graphs (model::Pass::graph_tokens) has done so
+    // before any request's step: a capture costs milliseconds of host time,
+    // and mid-serving it would land in some streams' gaps between tokens.
+    // 0: none.
+    int warm_up_tokens = 0;
 };
 
 // What a request reports back, in order, from the scheduler's delivery thread
@@ -99,6 +107,8 @@ struct SchedulerStats {
     int kv_page_size = 0;            // positions per page
     uint64_t prefix_tokens_reused = 0;  // prompt tokens whose K/V came from kept pages when admitted
     uint64_t preemptions = 0;        // sequences paused for want of pages
+    uint64_t graphs_captured = 0;    // forward steps the backend captured as graphs, warm-up included
+    double warm_up_seconds = 0;      // the warm-up's (SchedulerOptions::warm_up_tokens)
 
     // How long whole steps took (forward and host work: a decoding stream's
     // gap between tokens), by what they carried, in buckets of upper bounds
@@ -132,6 +142,9 @@ public:
     void shutdown();
 
     SchedulerStats stats() const;
+    // How the warm-up went (SchedulerOptions::warm_up_tokens): a failed
+    // one is given up at its failure; requests are served all the same.
+    const Status& warm_up_status() const { return warm_up_status_; }
     int n_slots() const { return n_slots_; }
     int n_ctx() const { return n_ctx_; }
 
@@ -145,6 +158,7 @@ private:
         std::unique_ptr<Sequence> seq;
     };
 
+    void warm_up(int n_tokens);  // before the thread starts
     void loop();
     void admit_locked();
     bool step();  // false when there was nothing to do
@@ -192,6 +206,7 @@ private:
     std::deque<GenerationRequest> queue_;
     bool stopping_ = false;
     SchedulerStats stats_;
+    Status warm_up_status_;  // written before the thread starts
     std::thread thread_;
 };
 

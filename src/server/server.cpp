@@ -482,6 +482,9 @@ std::string Server::metrics_text() {
            st.kv_pages_kept);
     metric("tern_prefix_tokens_reused_total", "counter", "Prompt tokens whose K/V came from kept pages.",
            double(st.prefix_tokens_reused));
+    metric("tern_graphs_captured_total", "counter",
+           "Forward steps captured as CUDA graphs: at start by the warm-up, then each new shape met while serving.",
+           double(st.graphs_captured));
     metric("tern_preemptions_total", "counter", "Sequences paused for want of KV pages (resumed later).",
            double(st.preemptions));
     // A Prometheus histogram: cumulative buckets by upper bound, a sum and a count, per kind of step.

@@ -780,6 +780,14 @@ TEST_F(CudaOps, AttentionMatchesCpu) {
                 ASSERT_NO_FATAL_FAILURE(run(0, n_tokens, allow_split, cuda::AttnBatch::Prefill, other,
                                             cuda::AttnTiles{dstarts.get(), n_tiles, tile_tokens}));
                 ASSERT_NO_FATAL_FAILURE(same_bits(other, 0, "tiles by runs"));
+                // A graph's table: a tile per token, those past the step's own
+                // empty (starting at n_tokens): the same bits, nothing written past.
+                std::vector<int32_t> padded = starts;
+                padded.resize(size_t(n_tokens) + 1, int32_t(n_tokens));
+                DeviceBuffer<int32_t> dpadded(padded);
+                ASSERT_NO_FATAL_FAILURE(run(0, n_tokens, allow_split, cuda::AttnBatch::Prefill, other,
+                                            cuda::AttnTiles{dpadded.get(), n_tokens, tile_tokens}));
+                ASSERT_NO_FATAL_FAILURE(same_bits(other, 0, "tiles by runs, padded to a tile per token"));
                 // The kernel reads the table: without its last tile, that
                 // tile's rows stay as poisoned and the others keep their bits.
                 const int64_t kept = n_tiles - 1;

@@ -96,7 +96,9 @@ TEST(CudaScheduler, SixtyFourSequencesGiveTheirSoloOutputs) {
     {
         SchedulerOptions so;
         so.max_queue = kRequests;
+        so.warm_up_tokens = kSlots;  // as the server starts: its garbage in the KV pages must not show
         Scheduler s(**engine, so);
+        ASSERT_TRUE(s.warm_up_status().ok()) << s.warm_up_status().message();
         // Waves a few steps apart: later arrivals join sequences mid-decode,
         // the last ones wait for slots in the queue.
         for (int i = 0; i < kRequests; ++i) {
@@ -112,6 +114,44 @@ TEST(CudaScheduler, SixtyFourSequencesGiveTheirSoloOutputs) {
     }
     // The requests did share steps: far fewer than their solo runs took.
     EXPECT_LT(steps, uint64_t(kRequests) * kMaxTokens / 4);
+}
+
+// The server's warm-up captures every step of up to 64 tokens, as a token
+// from each of as many sequences and as prompt tokens beside decoding ones,
+// and serving 64 requests then captures nothing: no capture's milliseconds
+// land among the streams' steps. (Every step here of up to 64 tokens wants
+// logits: a prompt is cut only where a step is full, at 512 tokens.)
+TEST(CudaScheduler, AfterItsWarmUpServingCapturesNoStep) {
+    const uint64_t seed = test::run_seed() + 2;
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    const SynthModel synth(seed);
+    auto engine = open_cuda(synth.path, 0);
+    ASSERT_TRUE(engine.ok()) << engine.error().message;
+    ASSERT_EQ((*engine)->forward().graph_tokens(), kSlots);
+
+    SchedulerOptions so;
+    so.max_queue = kSlots;
+    so.warm_up_tokens = kSlots;
+    Scheduler s(**engine, so);
+    ASSERT_TRUE(s.warm_up_status().ok()) << s.warm_up_status().message();
+    const SchedulerStats warmed = s.stats();
+    EXPECT_EQ(warmed.graphs_captured, uint64_t(2 * kSlots - 1)) << "a graph for each size of either kind";
+    EXPECT_EQ(warmed.steps, 0u) << "the warm-up is not a step of the requests";
+    EXPECT_EQ(warmed.kv_pages_held, 0);
+    EXPECT_GT(warmed.warm_up_seconds, 0.0);
+
+    std::mt19937_64 rng(seed);
+    std::uniform_int_distribution<int32_t> tok(3, (*engine)->n_vocab() - 1);
+    std::vector<std::future<GenerateResult>> pending;
+    for (int i = 0; i < kSlots; ++i) {
+        std::vector<int32_t> prompt(size_t(9 + rng() % 32));
+        for (int32_t& t : prompt) t = tok(rng);
+        pending.push_back(submit(s, prompt));
+    }
+    for (auto& p : pending) EXPECT_EQ(p.get().tokens.size(), size_t(kMaxTokens));
+    s.shutdown();
+    EXPECT_EQ(s.stats().graphs_captured, warmed.graphs_captured) << "a step was captured while serving";
+    std::printf("[   INFO   ] warm-up of steps of 1-%d tokens: %.3f s\n", kSlots, warmed.warm_up_seconds);
 }
 
 // 80 requests whose prompts start with one of three system prompts (40 to

@@ -179,8 +179,9 @@ def test_health_models_metrics_page(server):
                  "tern_active_sequences", "tern_prompt_tokens_per_second", "tern_generation_tokens_per_second",
                  "tern_step_forward_seconds_total", "tern_step_forward_issue_seconds_total", "tern_kv_pages",
                  "tern_kv_page_tokens", "tern_kv_pages_held", "tern_kv_pages_kept",
-                 "tern_prefix_tokens_reused_total", "tern_preemptions_total"):
+                 "tern_prefix_tokens_reused_total", "tern_preemptions_total", "tern_graphs_captured_total"):
         assert re.search(rf"^{name} [0-9.e+]+$", text, re.M), name
+    assert re.search(r"^tern_graphs_captured_total 0$", text, re.M), "the CPU captures no graphs"
     for part in ("batch", "draw", "text"):
         assert re.search(rf'^tern_step_host_seconds_total{{part="{part}"}} [0-9.e+-]+$', text, re.M), part
     # The step-time histogram: each kind's buckets climb to its count.

@@ -246,6 +246,47 @@ TEST(Scheduler, WithAPromptBudgetTogetherEqualsAlone) {
     }
 }
 
+// The warm-up (run before serving, so that a GPU captures its decode steps)
+// decodes at position 0 of borrowed pages, here with more slots than the
+// pool has pages: it is no step of the stats, gives every page back, and
+// the requests served after it give the outputs they get without it.
+TEST(Scheduler, AWarmUpLeavesThePoolAndTheOutputsAsTheyWere) {
+    const uint64_t seed = tern::test::run_seed() + 13;
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937_64 rng(seed);
+    auto engine = open_engine(8, 64, 32, 128);
+    ASSERT_TRUE(engine);
+    ASSERT_EQ(engine->forward().kv_pool_pages(), 4);
+    EXPECT_EQ(engine->forward().graph_tokens(), 0) << "the CPU captures nothing";
+    std::vector<std::vector<int32_t>> prompts;
+    for (int i = 0; i < 8; ++i) prompts.push_back(random_prompt(rng, engine->n_vocab(), 5 + int(rng() % 16)));
+    const GenerateOptions opts = greedy(10);
+
+    std::vector<GenerateResult> alone;
+    {
+        Scheduler s(*engine, {});
+        for (const auto& prompt : prompts) alone.push_back(submit(s, prompt, opts).future.get());
+    }
+    SchedulerOptions warm;
+    warm.warm_up_tokens = 100;  // more than the batch (32): it bounds them, the slots bound the sequences
+    Scheduler s(*engine, warm);
+    EXPECT_TRUE(s.warm_up_status().ok()) << s.warm_up_status().message();
+    SchedulerStats st = s.stats();
+    EXPECT_GT(st.warm_up_seconds, 0.0);
+    EXPECT_EQ(st.steps, 0u);
+    EXPECT_EQ(st.kv_pages_held, 0);
+    EXPECT_EQ(st.graphs_captured, 0u);
+    std::vector<Pending> ps;
+    for (const auto& prompt : prompts) {
+        ps.push_back(submit(s, prompt, opts));
+        ASSERT_EQ(ps.back().submitted.admission, Admission::Accepted);
+    }
+    for (size_t i = 0; i < ps.size(); ++i) {
+        SCOPED_TRACE("request " + std::to_string(i));
+        EXPECT_EQ(ps[i].future.get().tokens, alone[i].tokens);
+    }
+}
+
 TEST(Scheduler, CancelFreesTheSlot) {
     auto engine = open_engine(1, 256, 32);
     ASSERT_TRUE(engine);

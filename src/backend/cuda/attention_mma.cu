@@ -101,6 +101,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
     const int64_t tile = n_tiles - 1 - int64_t(blockIdx.x / unsigned(sh.n_kv_heads));
     const int64_t t0 = tile_start ? tile_start[tile] : tile * sh.tile_tokens;
     const int64_t t_end = tile_start ? tile_start[tile + 1] : min(t0 + int64_t(sh.tile_tokens), n_tokens);
+    if (t0 >= t_end) return;  // a table's empty tile: a graph's grid holds as many tiles as tokens
     const int n_rows = int(t_end - t0) * sh.group;
     constexpr bool split = kSplit;  // part.acc is set
     const int begin = split ? int(blockIdx.y) * sh.seg_len : 0;

@@ -4,12 +4,12 @@
 // enqueues; the first CUDA error is kept and returned by take_error() at the
 // sync points (download, synchronize), as the Backend contract says.
 //
-// Decode steps are captured once per batch shape as a CUDA graph and replayed:
-// set_batch() starts a step, download() ends it. A shape is captured on its
-// second occurrence (the first runs eagerly, so lazy uploads and workspace
-// growth never happen inside a capture); on replay the operations only do their
-// host-side part (the embedding rows, the batch arrays) and the graph runs at
-// download().
+// Steps of up to 64 tokens are captured once per batch shape as a CUDA graph
+// and replayed: set_batch() starts a step, download() ends it. A shape is
+// captured on its second occurrence (the first runs eagerly, so lazy uploads
+// and workspace growth never happen inside a capture); on replay the
+// operations only do their host-side part (the embedding rows, the batch
+// arrays, the attention tiles) and the graph runs at download().
 #include <cuda_runtime.h>
 #include <omp.h>
 
@@ -150,6 +150,8 @@ public:
 
     std::string name() const override { return "cuda"; }
     size_t device_bytes() const override { return device_bytes_; }
+    int graph_tokens() const override { return graphs_enabled_ ? int(kGraphMaxTokens) : 0; }
+    uint64_t graphs_captured() const override { return graphs_captured_; }
     size_t free_device_bytes() const override {
         size_t free = 0, total = 0;
         return cudaMemGetInfo(&free, &total) == cudaSuccess ? free : 0;
@@ -459,12 +461,10 @@ public:
         const int tile_tokens = cuda::attention_tile_tokens(n_heads, kv.n_kv_heads, kv.head_dim, kv.n_ctx, window,
                                                             q.rows, attn_kind_, attn_ws_ != nullptr);
         // Only batches past 16 tokens that are not a token per sequence tile
-        // by runs, and today no CUDA graph holds such a step; one that did
-        // would fix its tile count at capture, so a captured or replayed step
-        // keeps the uniform tiles (the same bits).
-        const bool in_graph = capturing_ || replaying_;
-        const cuda::AttnTiles tiles =
-            tile_tokens > 0 && run_tiles_ && !in_graph ? step_tiles(q.rows, tile_tokens) : cuda::AttnTiles{};
+        // by runs (else uniform tiles: the same bits, a pass per sequence in a tile).
+        cuda::AttnTiles tiles;
+        if (tile_tokens > 0 && run_tiles_)
+            tiles = capturing_ || replaying_ ? graph_tiles(q.rows, tile_tokens) : step_tiles(q.rows, tile_tokens);
         if (replaying_) return;
         cuda::attention(kv, q.data, q.rows, n_heads, scale, window, slot_dev_, pos_dev_, out.data, attn_ws_,
                         attn_kind_, stream_, tiles);
@@ -484,6 +484,25 @@ public:
               "attention tiles");
         tiles_.starts = tiles_dev_;
         tiles_.tile_tokens = tile_tokens;
+        return tiles_;
+    }
+
+    // In a graph the grid is fixed at capture, so the table has a tile per
+    // token, as many as a step of n tokens can have: the step's own tiles,
+    // then empty ones (starting at n) that leave at once. Made on the host at
+    // capture and at each replay; the graph copies it. A second length in
+    // one step keeps uniform tiles (its table would need the stream idle,
+    // which a capture cannot wait for).
+    cuda::AttnTiles graph_tiles(int64_t n, int tile_tokens) {
+        if (tiles_.tile_tokens == tile_tokens) return tiles_;
+        if (tiles_.tile_tokens != 0) return {};
+        const int64_t count = cuda::attention_tiles(slot_host_, n, tile_tokens, tiles_host_);
+        std::fill(tiles_host_ + count + 1, tiles_host_ + n + 1, int32_t(n));
+        if (!replaying_)
+            check(cudaMemcpyAsync(tiles_dev_, tiles_host_, size_t(n + 1) * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                  stream_),
+                  "attention tiles");
+        tiles_ = {tiles_dev_, n, tile_tokens};
         return tiles_;
     }
 
@@ -947,12 +966,14 @@ private:
     };
 
     // A step's graph is keyed by its token count, logits rows and attention
-    // launch; only decode steps (a token per sequence, up to kGraphMaxTokens,
-    // and other small batches), where launch overhead dominates, are captured.
+    // launch. Steps of up to kGraphMaxTokens tokens, where launching the
+    // kernels one by one costs more than running them, are captured: decode
+    // steps, and steps that carry prompt tokens beside them (their kernels
+    // read the tokens' slots and positions from the device, and attention
+    // its tiles: graph_tiles).
     static constexpr int64_t kGraphMaxTokens = 64;
     void begin_step(int64_t n, int n_logits) {
-        const bool decode = attn_kind_ == cuda::AttnBatch::Decode && n <= kGraphMaxTokens;
-        if (!graphs_enabled_ || (n > cuda::kMmvqMaxTokens && !decode) || n_logits < 0) return;
+        if (!graphs_enabled_ || n > kGraphMaxTokens || n_logits < 0) return;
         const GraphKey key{n, n_logits, attn_kind_};
         Graph& g = graphs_[key];
         if (g.exec) {
@@ -978,7 +999,10 @@ private:
             if (e == cudaSuccess && error_.ok()) {
                 cudaGraphExec_t exec = nullptr;
                 e = cudaGraphInstantiate(&exec, graph, 0);
-                if (e == cudaSuccess) graphs_[replay_key_].exec = exec;
+                if (e == cudaSuccess) {
+                    graphs_[replay_key_].exec = exec;
+                    ++graphs_captured_;
+                }
             }
             if (graph) cudaGraphDestroy(graph);
             if (e != cudaSuccess) {
@@ -1001,6 +1025,7 @@ private:
     cudaStream_t stream_ = nullptr;
     bool pad_q6k_ = true;
     bool graphs_enabled_ = true;
+    uint64_t graphs_captured_ = 0;
     // Fewest tokens that take mmq_batch (0: each type's crossover);
     // TERN_MMQ_BATCH_MIN=65 turns it off, for A/B runs.
     int64_t mmq_batch_min_ = 0;
