@@ -100,6 +100,30 @@ GenerateOptions greedy(int max_tokens) {
     return o;
 }
 
+// Each prompt (with its options) served alone, one request after another,
+// by a scheduler with default options.
+std::vector<GenerateResult> serve_alone(Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
+                                        const std::vector<GenerateOptions>& opts) {
+    Scheduler s(engine, {});
+    std::vector<GenerateResult> results;
+    for (size_t i = 0; i < prompts.size(); ++i) results.push_back(submit(s, prompts[i], opts[i]).future.get());
+    return results;
+}
+
+// Every prompt submitted to `s` at once; their results in order (an empty
+// one, and a failure, for a request not accepted).
+std::vector<GenerateResult> serve_together(Scheduler& s, const std::vector<std::vector<int32_t>>& prompts,
+                                           const std::vector<GenerateOptions>& opts) {
+    std::vector<Pending> ps;
+    for (size_t i = 0; i < prompts.size(); ++i) ps.push_back(submit(s, prompts[i], opts[i]));
+    std::vector<GenerateResult> results;
+    for (Pending& p : ps) {
+        EXPECT_EQ(p.submitted.admission, Admission::Accepted) << p.submitted.message;
+        results.push_back(p.submitted.admission == Admission::Accepted ? p.future.get() : GenerateResult{});
+    }
+    return results;
+}
+
 template <class F>
 void wait_until(F cond) {
     for (int i = 0; i < 2000 && !cond(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -223,33 +247,25 @@ TEST(Scheduler, WithAPromptBudgetTogetherEqualsAlone) {
     ASSERT_TRUE(engine);
     std::vector<std::vector<int32_t>> prompts;
     for (int i = 0; i < 8; ++i) prompts.push_back(random_prompt(rng, engine->n_vocab(), 3 + int(rng() % 100)));
-    const GenerateOptions opts = greedy(12);
+    const std::vector<GenerateOptions> opts(prompts.size(), greedy(12));
 
-    std::vector<GenerateResult> alone;
-    {
-        Scheduler s(*engine, {});
-        for (const auto& prompt : prompts) alone.push_back(submit(s, prompt, opts).future.get());
-    }
+    const std::vector<GenerateResult> alone = serve_alone(*engine, prompts, opts);
     SchedulerOptions budgeted;
     budgeted.itl_stretch = 1.5;
     Scheduler s(*engine, budgeted);
-    std::vector<Pending> ps;
-    for (const auto& prompt : prompts) {
-        ps.push_back(submit(s, prompt, opts));
-        ASSERT_EQ(ps.back().submitted.admission, Admission::Accepted);
-    }
-    for (size_t i = 0; i < ps.size(); ++i) {
+    const std::vector<GenerateResult> together = serve_together(s, prompts, opts);
+    for (size_t i = 0; i < prompts.size(); ++i) {
         SCOPED_TRACE("request " + std::to_string(i));
-        const GenerateResult r = ps[i].future.get();
-        EXPECT_EQ(r.tokens, alone[i].tokens);
-        EXPECT_EQ(r.finish, FinishReason::Length);
+        EXPECT_EQ(together[i].tokens, alone[i].tokens);
+        EXPECT_EQ(together[i].finish, FinishReason::Length);
     }
 }
 
-// The warm-up (run before serving, so that a GPU captures its decode steps)
-// decodes at position 0 of borrowed pages, here with more slots than the
-// pool has pages: it is no step of the stats, gives every page back, and
-// the requests served after it give the outputs they get without it.
+// The warm-up (run before serving, so that a GPU captures its steps as
+// graphs) decodes at positions 0 and 1 of borrowed pages, here with more
+// slots than the pool has pages: it is no step of the stats, gives every
+// page back, and the requests served after it give the outputs they get
+// without it.
 TEST(Scheduler, AWarmUpLeavesThePoolAndTheOutputsAsTheyWere) {
     const uint64_t seed = tern::test::run_seed() + 13;
     SCOPED_TRACE("seed " + std::to_string(seed));
@@ -260,30 +276,22 @@ TEST(Scheduler, AWarmUpLeavesThePoolAndTheOutputsAsTheyWere) {
     EXPECT_EQ(engine->forward().graph_tokens(), 0) << "the CPU captures nothing";
     std::vector<std::vector<int32_t>> prompts;
     for (int i = 0; i < 8; ++i) prompts.push_back(random_prompt(rng, engine->n_vocab(), 5 + int(rng() % 16)));
-    const GenerateOptions opts = greedy(10);
+    const std::vector<GenerateOptions> opts(prompts.size(), greedy(10));
 
-    std::vector<GenerateResult> alone;
-    {
-        Scheduler s(*engine, {});
-        for (const auto& prompt : prompts) alone.push_back(submit(s, prompt, opts).future.get());
-    }
+    const std::vector<GenerateResult> alone = serve_alone(*engine, prompts, opts);
     SchedulerOptions warm;
     warm.warm_up_tokens = 100;  // more than the batch (32): it bounds them, the slots bound the sequences
     Scheduler s(*engine, warm);
     EXPECT_TRUE(s.warm_up_status().ok()) << s.warm_up_status().message();
-    SchedulerStats st = s.stats();
+    const SchedulerStats st = s.stats();
     EXPECT_GT(st.warm_up_seconds, 0.0);
     EXPECT_EQ(st.steps, 0u);
     EXPECT_EQ(st.kv_pages_held, 0);
     EXPECT_EQ(st.graphs_captured, 0u);
-    std::vector<Pending> ps;
-    for (const auto& prompt : prompts) {
-        ps.push_back(submit(s, prompt, opts));
-        ASSERT_EQ(ps.back().submitted.admission, Admission::Accepted);
-    }
-    for (size_t i = 0; i < ps.size(); ++i) {
+    const std::vector<GenerateResult> together = serve_together(s, prompts, opts);
+    for (size_t i = 0; i < prompts.size(); ++i) {
         SCOPED_TRACE("request " + std::to_string(i));
-        EXPECT_EQ(ps[i].future.get().tokens, alone[i].tokens);
+        EXPECT_EQ(together[i].tokens, alone[i].tokens);
     }
 }
 
@@ -407,23 +415,14 @@ TEST(Scheduler, SmallPoolPausesAndResumesWithTheSameOutputs) {
         }
         opts.push_back(o);
     }
-    std::vector<GenerateResult> alone;
-    {
-        Scheduler s(*roomy, {});
-        for (size_t i = 0; i < prompts.size(); ++i) alone.push_back(submit(s, prompts[i], opts[i]).future.get());
-    }
+    const std::vector<GenerateResult> alone = serve_alone(*roomy, prompts, opts);
     Scheduler s(*tight, {});
-    std::vector<Pending> ps;
-    for (size_t i = 0; i < prompts.size(); ++i) {
-        ps.push_back(submit(s, prompts[i], opts[i]));
-        ASSERT_EQ(ps.back().submitted.admission, Admission::Accepted);
-    }
+    const std::vector<GenerateResult> together = serve_together(s, prompts, opts);
     for (size_t i = 0; i < prompts.size(); ++i) {
         SCOPED_TRACE("request " + std::to_string(i));
-        const GenerateResult r = ps[i].future.get();
-        EXPECT_EQ(r.tokens, alone[i].tokens);
-        EXPECT_EQ(r.text, alone[i].text);
-        EXPECT_EQ(r.finish, FinishReason::Length);
+        EXPECT_EQ(together[i].tokens, alone[i].tokens);
+        EXPECT_EQ(together[i].text, alone[i].text);
+        EXPECT_EQ(together[i].finish, FinishReason::Length);
     }
     const SchedulerStats st = s.stats();
     EXPECT_GT(st.preemptions, 0u) << "the pool should have run short";
