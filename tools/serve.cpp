@@ -139,8 +139,8 @@ void run_serve(const ServeOptions& o, const CLI::App& cmd) {
     if (!scheduler.warm_up_status().ok())
         std::fprintf(stderr, "tern serve: %s (serving without it)\n", scheduler.warm_up_status().message().c_str());
     else if (so.warm_up_tokens > 0)
-        std::fprintf(stderr, "tern serve: steps of 1-%d tokens captured as graphs in %.2f s\n",
-                     std::min(so.warm_up_tokens, o.model.batch), scheduler.stats().warm_up_seconds);
+        std::fprintf(stderr, "tern serve: steps of 1-%d tokens wanting logits captured as graphs in %.2f s\n",
+                     std::min(so.warm_up_tokens, engine->forward().max_tokens()), scheduler.stats().warm_up_seconds);
     {
         std::lock_guard<std::mutex> lock(stop_mu);
         if (!stop_requested)

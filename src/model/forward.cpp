@@ -147,9 +147,10 @@ Status Forward::run(const Batch& batch, Logits& logits, Picks* picks) {
     logits.resize(size_t(m) * size_t(m_.output.rows));  // every value written below: no clearing
     // A step the backend captures as a graph runs the head on a row per
     // token, the wanted rows first and the last of them repeated, so that one
-    // graph serves a token count whatever number of its tokens want logits.
-    // A row's logits do not depend on the rows beside it.
-    const int64_t head_rows = m > 0 && n <= be_.graph_tokens() && n <= logits_rows_ ? n : m;
+    // graph serves a token count whatever number of its tokens want logits
+    // (a step that wants none has a graph of its own). A row's logits do not
+    // depend on the rows beside it.
+    const int64_t head_rows = m > 0 && m <= n && n <= be_.graph_tokens() && n <= logits_rows_ ? n : m;
     be_.set_batch(backend::BatchLayout{batch.slot, batch.pos, int(head_rows)});
     // x = embedding rows of the tokens (scaled, for the families that do)
     be_.embed(m_.token_embd, batch.tokens, x);

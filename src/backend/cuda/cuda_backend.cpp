@@ -1006,7 +1006,7 @@ private:
             }
             if (graph) cudaGraphDestroy(graph);
             if (e != cudaSuccess) {
-                note(cuda_failure("capturing a decode step", e));
+                note(cuda_failure("capturing a step", e));
                 graphs_enabled_ = false;
                 return;
             }
@@ -1056,7 +1056,7 @@ private:
             *picks_dev_ = nullptr;
     int32_t *pos_host_ = nullptr, *slot_host_ = nullptr, *rows_host_ = nullptr, *tiles_host_ = nullptr,
             *picks_host_ = nullptr;
-    cuda::AttnTiles tiles_;  // this step's attention tiles (step_tiles), tile_tokens 0: none yet
+    cuda::AttnTiles tiles_;  // this step's attention tiles (step_tiles, graph_tiles), tile_tokens 0: none yet
     int64_t token_capacity_ = 0;
     float* embed_host_ = nullptr;
     int64_t embed_capacity_ = 0;

@@ -135,7 +135,10 @@ int attention_tile_tokens(int n_heads, int n_kv_heads, int head_dim, int n_ctx, 
                           AttnBatch kind, bool has_workspace);
 int64_t attention_tiles(const int32_t* slot, int64_t n_tokens, int tile_tokens, int32_t* starts);
 
-// attention_tiles' table on the device, for tiles of tile_tokens.
+// attention_tiles' table on the device, for tiles of tile_tokens: count
+// tiles, count + 1 starts. Tiles past the batch's own may follow, empty (each
+// starting at n_tokens), so that a grid fixed in a CUDA graph holds any
+// batch's tiles; the kernel leaves them at once.
 struct AttnTiles {
     const int32_t* starts = nullptr;
     int64_t count = 0;
