@@ -81,6 +81,8 @@ public:
     Status take_error() override { return be_->take_error(); }
     void all_reduce_sum(backend::Tensor x) override { be_->all_reduce_sum(x); }
     size_t device_bytes() const override { return be_->device_bytes(); }
+    int graph_tokens() const override { return be_->graph_tokens(); }
+    uint64_t graphs_captured() const override { return be_->graphs_captured(); }
 
 protected:
     std::unique_ptr<backend::Backend> be_;

@@ -18,6 +18,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/ops.h"
+#include "base/fp16.h"
 #include "gguf/gguf.h"
 #include "model/forward.h"
 #include "model/model.h"
@@ -340,6 +341,105 @@ TEST(Forward, RejectsBadBatches) {
     model::Pass::Picks picks;
     EXPECT_FALSE(fwd->run(b, logits, &picks).ok());  // pick flags that do not match the logits rows
     EXPECT_TRUE(fwd->run(b, logits).ok());           // without picks the flags are not read
+}
+
+// A backend that captures steps of up to 8 tokens as graphs (the CPU's
+// kernels underneath), recording what the pass tells it of each step.
+class GraphLikeBackend : public test::ForwardingBackend {
+public:
+    GraphLikeBackend() : ForwardingBackend(backend::make_cpu_backend(1)) {}
+    int graph_tokens() const override { return 8; }
+    void set_batch(const backend::BatchLayout& layout) override {
+        n_logits = layout.n_logits;
+        gathered.clear();
+        ForwardingBackend::set_batch(layout);
+    }
+    void gather_rows(backend::Tensor x, const std::vector<int32_t>& rows, backend::Tensor out) override {
+        gathered.insert(gathered.end(), rows.begin(), rows.end());
+        ForwardingBackend::gather_rows(x, rows, out);
+    }
+    int n_logits = -1;
+    std::vector<int32_t> gathered;  // the head's rows of the last step
+};
+
+// On a backend that replays steps as graphs, a step of up to its graph size
+// that wants logits runs the head on a row per token (the wanted rows, then
+// the last repeated), so one graph serves its token count; the rows and
+// picks that come back are the plain pass's, bit for bit. Larger steps, and
+// a step that asks for a row twice, keep a row per logits row.
+TEST(Forward, AGraphCapturingBackendGetsAHeadRowPerTokenAndTheSameLogits) {
+    const uint64_t seed = tern::test::run_seed() + 9;
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    const std::string path = write_model(Case{"tiny", quant::FileType::Q8_0, 0}, seed);
+    auto file = gguf::File::open(path);
+    ASSERT_TRUE(file.ok()) << file.error().message;
+    auto plain_be = backend::make_cpu_backend(1);
+    GraphLikeBackend graph_be;
+    auto plain_m = model::load_model(**file, *plain_be);
+    auto graph_m = model::load_model(**file, graph_be);
+    ASSERT_TRUE(plain_m.ok() && graph_m.ok());
+    auto plain = model::Forward::create(*plain_m, *plain_be, 12, 4, 32);
+    auto graph = model::Forward::create(*graph_m, graph_be, 12, 4, 32);
+    ASSERT_TRUE(plain.ok() && graph.ok());
+    ASSERT_EQ((*graph)->graph_tokens(), 8);
+
+    std::mt19937 rng(static_cast<uint32_t>(seed));
+    std::uniform_int_distribution<int32_t> tok(0, int32_t(plain_m->hp.n_vocab) - 1);
+    const size_t nv = size_t(plain_m->hp.n_vocab);
+    struct Step {
+        model::Batch batch;
+        int want_n_logits;
+        std::vector<int32_t> want_rows;
+    };
+    std::vector<Step> steps;
+    {  // 4 prompt tokens of slot 0 (the last wants logits) beside 2 decoding tokens: 6 head rows
+        Step s;
+        for (int p = 0; p < 4; ++p) s.batch.add(tok(rng), p, 0, p == 3, true);
+        s.batch.add(tok(rng), 0, 1, true, false);
+        s.batch.add(tok(rng), 0, 2, true, true);
+        s.want_n_logits = 6;
+        s.want_rows = {3, 4, 5, 5, 5, 5};
+        steps.push_back(s);
+    }
+    {  // 10 tokens, past the graph size: only the wanted rows
+        Step s;
+        for (int p = 0; p < 9; ++p) s.batch.add(tok(rng), 4 + p, 0, p == 8, false);
+        s.batch.add(tok(rng), 1, 1, true, true);
+        s.want_n_logits = 2;
+        s.want_rows = {8, 9};
+        steps.push_back(s);
+    }
+    {  // one token asked for three times: more rows than tokens, no padding
+        Step s;
+        s.batch.add(tok(rng), 2, 1, true, false);
+        s.batch.add(tok(rng), 0, 3, false);
+        s.batch.logits_for = {0, 0, 0};
+        s.batch.pick_only = {0, 1, 0};
+        s.want_n_logits = 3;
+        s.want_rows = {0, 0, 0};
+        steps.push_back(s);
+    }
+    for (size_t i = 0; i < steps.size(); ++i) {
+        SCOPED_TRACE("step " + std::to_string(i));
+        const model::Batch& b = steps[i].batch;
+        model::Logits want, got;
+        model::Pass::Picks want_picks, got_picks;
+        ASSERT_TRUE((*plain)->run(b, want, &want_picks).ok());
+        got.assign(want.size(), std::nanf(""));
+        ASSERT_TRUE((*graph)->run(b, got, &got_picks).ok());
+        EXPECT_EQ(graph_be.n_logits, steps[i].want_n_logits);
+        EXPECT_EQ(graph_be.gathered, steps[i].want_rows);
+        ASSERT_EQ(got.size(), b.logits_for.size() * nv);
+        for (size_t r = 0; r < b.logits_for.size(); ++r) {
+            if (b.pick_only[r]) {
+                EXPECT_EQ(got_picks[r], want_picks[r]) << "row " << r;
+                continue;
+            }
+            for (size_t j = 0; j < nv; ++j)
+                ASSERT_EQ(fp32_to_bits(got[r * nv + j]), fp32_to_bits(want[r * nv + j])) << "row " << r << " logit " << j;
+        }
+    }
+    std::filesystem::remove(path);
 }
 
 // The issue time is the host's part of a run before it first waits for the
