@@ -462,9 +462,8 @@ public:
                                                             q.rows, attn_kind_, attn_ws_ != nullptr);
         // Only batches past 16 tokens that are not a token per sequence tile
         // by runs (else uniform tiles: the same bits, a pass per sequence in a tile).
-        cuda::AttnTiles tiles;
-        if (tile_tokens > 0 && run_tiles_)
-            tiles = capturing_ || replaying_ ? graph_tiles(q.rows, tile_tokens) : step_tiles(q.rows, tile_tokens);
+        const cuda::AttnTiles tiles =
+            tile_tokens > 0 && run_tiles_ ? step_tiles(q.rows, tile_tokens) : cuda::AttnTiles{};
         if (replaying_) return;
         cuda::attention(kv, q.data, q.rows, n_heads, scale, window, slot_dev_, pos_dev_, out.data, attn_ws_,
                         attn_kind_, stream_, tiles);
@@ -472,37 +471,31 @@ public:
     }
 
     // The step's attention tiles of tile_tokens tokens (cuda::attention_tiles),
-    // made once a step and length, on the device before the kernel that reads them.
+    // made once a step and length, on the device before the kernel that reads
+    // them. In a graph the grid is fixed at capture, so there the table has a
+    // tile per token, as many as a step of n tokens can have: the step's own,
+    // then empty ones (starting at n) that leave at once; it is made on the
+    // host at capture and at each replay, and the graph copies it.
     cuda::AttnTiles step_tiles(int64_t n, int tile_tokens) {
         if (tiles_.tile_tokens == tile_tokens) return tiles_;
-        // Another length in the same step: the pending copy of the last table
-        // must have left the host buffer before it is rewritten.
-        if (tiles_.tile_tokens != 0) check(cudaStreamSynchronize(stream_), "attention tiles");
-        tiles_.count = cuda::attention_tiles(slot_host_, n, tile_tokens, tiles_host_);
-        check(cudaMemcpyAsync(tiles_dev_, tiles_host_, size_t(tiles_.count + 1) * sizeof(int32_t),
-                              cudaMemcpyHostToDevice, stream_),
-              "attention tiles");
-        tiles_.starts = tiles_dev_;
-        tiles_.tile_tokens = tile_tokens;
-        return tiles_;
-    }
-
-    // In a graph the grid is fixed at capture, so the table has a tile per
-    // token, as many as a step of n tokens can have: the step's own tiles,
-    // then empty ones (starting at n) that leave at once. Made on the host at
-    // capture and at each replay; the graph copies it. A second length in
-    // one step keeps uniform tiles (its table would need the stream idle,
-    // which a capture cannot wait for).
-    cuda::AttnTiles graph_tiles(int64_t n, int tile_tokens) {
-        if (tiles_.tile_tokens == tile_tokens) return tiles_;
-        if (tiles_.tile_tokens != 0) return {};
-        const int64_t count = cuda::attention_tiles(slot_host_, n, tile_tokens, tiles_host_);
-        std::fill(tiles_host_ + count + 1, tiles_host_ + n + 1, int32_t(n));
+        const bool in_graph = capturing_ || replaying_;
+        if (tiles_.tile_tokens != 0) {
+            // Another length in the same step: the pending copy of the last
+            // table must leave the host buffer before it is rewritten. A
+            // capture cannot wait for that: uniform tiles, the same bits.
+            if (in_graph) return {};
+            check(cudaStreamSynchronize(stream_), "attention tiles");
+        }
+        int64_t count = cuda::attention_tiles(slot_host_, n, tile_tokens, tiles_host_);
+        if (in_graph) {
+            std::fill(tiles_host_ + count + 1, tiles_host_ + n + 1, int32_t(n));
+            count = n;
+        }
         if (!replaying_)
-            check(cudaMemcpyAsync(tiles_dev_, tiles_host_, size_t(n + 1) * sizeof(int32_t), cudaMemcpyHostToDevice,
+            check(cudaMemcpyAsync(tiles_dev_, tiles_host_, size_t(count + 1) * sizeof(int32_t), cudaMemcpyHostToDevice,
                                   stream_),
                   "attention tiles");
-        tiles_ = {tiles_dev_, n, tile_tokens};
+        tiles_ = {tiles_dev_, count, tile_tokens};
         return tiles_;
     }
 
@@ -970,7 +963,7 @@ private:
     // kernels one by one costs more than running them, are captured: decode
     // steps, and steps that carry prompt tokens beside them (their kernels
     // read the tokens' slots and positions from the device, and attention
-    // its tiles: graph_tiles).
+    // its tiles: step_tiles).
     static constexpr int64_t kGraphMaxTokens = 64;
     void begin_step(int64_t n, int n_logits) {
         if (!graphs_enabled_ || n > kGraphMaxTokens || n_logits < 0) return;
@@ -1056,7 +1049,7 @@ private:
             *picks_dev_ = nullptr;
     int32_t *pos_host_ = nullptr, *slot_host_ = nullptr, *rows_host_ = nullptr, *tiles_host_ = nullptr,
             *picks_host_ = nullptr;
-    cuda::AttnTiles tiles_;  // this step's attention tiles (step_tiles, graph_tiles), tile_tokens 0: none yet
+    cuda::AttnTiles tiles_;  // this step's attention tiles (step_tiles), tile_tokens 0: none yet
     int64_t token_capacity_ = 0;
     float* embed_host_ = nullptr;
     int64_t embed_capacity_ = 0;
