@@ -432,6 +432,51 @@ TEST_F(CudaModel, KvCacheBeyondTheCardIsAClearError) {
     EXPECT_TRUE(cuda->take_error().ok());
 }
 
+// The timing switch of docs/cuda.md: a name it does not know is an error
+// naming it; a known one leaves that kernel out (here the residual add: x
+// keeps its values), and a backend made without it runs it again.
+TEST_F(CudaModel, LeaveOutSwitchNamesWhatItDoesNotKnowAndLeavesOutWhatItNames) {
+    struct Unset {
+        ~Unset() { unsetenv("TERN_CUDA_LEAVE_OUT"); }
+    } unset;
+    setenv("TERN_CUDA_LEAVE_OUT", "attention,bogus", 1);
+    auto refused = backend::make_cuda_backend(0);
+    ASSERT_FALSE(refused.ok()) << "an unknown kernel name was accepted";
+    EXPECT_NE(refused.error().message.find("'bogus'"), std::string::npos) << refused.error().message;
+    EXPECT_NE(refused.error().message.find("experts_down"), std::string::npos) << refused.error().message;
+
+    auto sum_of = [&](bool leave_out_add) -> std::vector<float> {
+        if (leave_out_add)
+            setenv("TERN_CUDA_LEAVE_OUT", "rms_norm,add", 1);
+        else
+            unsetenv("TERN_CUDA_LEAVE_OUT");
+        auto be = backend::make_cuda_backend(0);
+        EXPECT_TRUE(be.ok()) << (be.ok() ? "" : be.error().message);
+        if (!be.ok()) return {};
+        std::mt19937 rng(std::random_device{}());
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        std::vector<float> xs(3 * 64), ys(3 * 64);
+        for (float& v : xs) v = nd(rng);
+        for (float& v : ys) v = nd(rng);
+        auto x = (*be)->alloc(3, 64), y = (*be)->alloc(3, 64);
+        EXPECT_TRUE(x.ok() && y.ok());
+        if (!x.ok() || !y.ok()) return {};
+        (*be)->upload(xs.data(), *x);
+        (*be)->upload(ys.data(), *y);
+        (*be)->add(*x, *y);
+        std::vector<float> got(xs.size());
+        (*be)->download(*x, got.data());
+        EXPECT_TRUE((*be)->take_error().ok());
+        for (size_t i = 0; i < got.size(); ++i) {
+            const float want = leave_out_add ? xs[i] : xs[i] + ys[i];
+            EXPECT_EQ(got[i], want) << (leave_out_add ? "left out: " : "run: ") << "element " << i;
+        }
+        return got;
+    };
+    sum_of(true);
+    sum_of(false);
+}
+
 TEST_F(CudaModel, RefusesQ2KAndQ3KByName) {
     for (quant::FileType ft : {quant::FileType::Q2_K, quant::FileType::Q3_K_M}) {
         const Case c{"tiny", ft, kQuantTol};

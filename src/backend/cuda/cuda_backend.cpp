@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -87,6 +88,55 @@ void pinned_host_free(void* p) {
 }
 constexpr PinnedMemory kPinnedHostMemory{pinned_host_alloc, pinned_host_free};
 
+// Kernels TERN_CUDA_LEAVE_OUT can leave out of every step, to time what each
+// costs inside a replayed graph, where Nsight Compute's one-at-a-time
+// durations include launch costs that PDL and graphs hide (docs/cuda.md,
+// bench/leave-out). The outputs are then wrong. The routing is not among
+// them: without it the expert kernels would read through unset ids.
+enum LeftOut : uint32_t {
+    kLeaveRmsNorm = 1u << 0,
+    kLeaveAdd = 1u << 1,
+    kLeaveQuantize = 1u << 2,
+    kLeaveFloatMatmul = 1u << 3,
+    kLeaveIntMatmul = 1u << 4,
+    kLeavePrepareAttention = 1u << 5,
+    kLeaveAttention = 1u << 6,
+    kLeaveExpertsGateUp = 1u << 7,
+    kLeaveExpertsDown = 1u << 8,
+};
+
+constexpr std::pair<const char*, LeftOut> kLeaveOutNames[] = {
+    {"rms_norm", kLeaveRmsNorm},
+    {"add", kLeaveAdd},
+    {"quantize", kLeaveQuantize},
+    {"matmul_float", kLeaveFloatMatmul},
+    {"matmul_int", kLeaveIntMatmul},
+    {"prepare_attention", kLeavePrepareAttention},
+    {"attention", kLeaveAttention},
+    {"experts_gate_up", kLeaveExpertsGateUp},
+    {"experts_down", kLeaveExpertsDown},
+};
+
+// A comma-separated list of kLeaveOutNames' names as their flags.
+Result<uint32_t> parse_left_out(const std::string& list) {
+    uint32_t kinds = 0;
+    size_t at = 0;
+    while (at <= list.size()) {
+        const size_t comma = std::min(list.find(',', at), list.size());
+        const std::string name = list.substr(at, comma - at);
+        bool known = false;
+        for (const auto& [n, k] : kLeaveOutNames)
+            if (name == n) kinds |= k, known = true;
+        if (!known) {
+            std::string all;
+            for (const auto& [n, k] : kLeaveOutNames) all += std::string(all.empty() ? "" : ", ") + n;
+            return Error{"cuda: TERN_CUDA_LEAVE_OUT names '" + name + "', not a kernel it can leave out (" + all + ")"};
+        }
+        at = comma + 1;
+    }
+    return kinds;
+}
+
 class CudaBackend final : public Backend {
 public:
     static Result<std::unique_ptr<Backend>> create(int device, std::shared_ptr<CommGroup> group, int rank) {
@@ -135,6 +185,15 @@ public:
         if (const char* f = std::getenv("TERN_ATTN_RUN_TILES")) be->run_tiles_ = std::string(f) != "0";
         if (const char* m = std::getenv("TERN_MMVQ_PARTS"))
             be->mmvq_max_parts_ = std::clamp(std::atoi(m), 1, cuda::kMmvqMaxParts);
+        if (const char* names = std::getenv("TERN_CUDA_LEAVE_OUT"); names && *names) {
+            auto kinds = parse_left_out(names);
+            if (!kinds.ok()) return Error{kinds.error().message};
+            be->left_out_ = *kinds;
+            std::fprintf(stderr,
+                         "cuda: TERN_CUDA_LEAVE_OUT=%s: those kernels are left out of every step, so every output "
+                         "is wrong; for timing what they cost only\n",
+                         names);
+        }
         return std::unique_ptr<Backend>(std::move(be));
     }
 
@@ -356,14 +415,16 @@ public:
 
     void rms_norm(Tensor x, const Weight& w, float eps, Tensor out) override {
         if (replaying_) return;
-        cuda::rms_norm(x.data, w ? vec(w) : nullptr, eps, out.data, x.rows, x.cols, stream_);
+        if (!left_out(kLeaveRmsNorm))
+            cuda::rms_norm(x.data, w ? vec(w) : nullptr, eps, out.data, x.rows, x.cols, stream_);
         launched("rms_norm");
     }
 
     void add_rms_norm(Tensor x, Tensor y, const Weight& w, float eps) override {
         if (!joined_add_norm_) return Backend::add_rms_norm(x, y, w, eps);
         if (replaying_) return;
-        cuda::add_rms_norm(x.data, y.data, w ? vec(w) : nullptr, eps, x.rows, x.cols, stream_);
+        if (!left_out(kLeaveRmsNorm))
+            cuda::add_rms_norm(x.data, y.data, w ? vec(w) : nullptr, eps, x.rows, x.cols, stream_);
         launched("add_rms_norm");
     }
 
@@ -383,21 +444,22 @@ public:
         cuda::MatmulPart run[cuda::kMmvqMaxParts];
         int n_run = 0;
         auto flush = [&] {
-            if (n_run > 0) cuda::mmvq_parts(run, n_run, a, int(n), stream_);
+            if (n_run > 0 && !left_out(kLeaveIntMatmul)) cuda::mmvq_parts(run, n_run, a, int(n), stream_);
             n_run = 0;
         };
         for (const MatmulTarget& t : targets) {
             auto& d = *static_cast<DeviceWeight*>(t.w->impl);
             if (Status s = ensure_on_device(*t.w, d); !s.ok()) return note(s);
             if (!cuda::int_type(d.dev.type)) {
-                cuda::matmul_float(d.dev, x.data, n, t.y.data, stream_);
+                if (!left_out(kLeaveFloatMatmul)) cuda::matmul_float(d.dev, x.data, n, t.y.data, stream_);
                 continue;
             }
             if (const int group = cuda::act_group(d.dev.type); a.group != group) {
                 flush();  // the pending parts read the current quantization
                 a.group = group;
-                cuda::quantize_act(x.data, x.cols, n, x.cols, a, stream_);
+                if (!left_out(kLeaveQuantize)) cuda::quantize_act(x.data, x.cols, n, x.cols, a, stream_);
             }
+            if (left_out(kLeaveIntMatmul) && int_kernel(d.dev, n) != IntKernel::mmvq) continue;
             switch (int_kernel(d.dev, n)) {
                 case IntKernel::mmq_batch: cuda::mmq_batch(d.dev, a, int(n), t.y.data, t.y.cols, stream_); continue;
                 case IntKernel::mmq: cuda::mmq(d.dev, a, n, t.y.data, t.y.cols, stream_); continue;
@@ -444,8 +506,9 @@ public:
             return Backend::prepare_attention(layer, in, rope);
         const cuda::HeadNorms norms{in.q_norm ? vec(*in.q_norm) : nullptr, in.k_norm ? vec(*in.k_norm) : nullptr,
                                     in.norm_eps};
-        cuda::prepare_attention(kv_layer(layer), in.q.data, in.k.data, in.v.data, in.q.rows, in.n_heads, norms, r,
-                                slot_dev_, pos_dev_, stream_);
+        if (!left_out(kLeavePrepareAttention))
+            cuda::prepare_attention(kv_layer(layer), in.q.data, in.k.data, in.v.data, in.q.rows, in.n_heads, norms,
+                                    r, slot_dev_, pos_dev_, stream_);
         launched("prepare_attention");
     }
 
@@ -464,7 +527,7 @@ public:
         // by runs (else uniform tiles: the same bits, a pass per sequence in a tile).
         const cuda::AttnTiles tiles =
             tile_tokens > 0 && run_tiles_ ? step_tiles(q.rows, tile_tokens) : cuda::AttnTiles{};
-        if (replaying_) return;
+        if (replaying_ || left_out(kLeaveAttention)) return;
         cuda::attention(kv, q.data, q.rows, n_heads, scale, window, slot_dev_, pos_dev_, out.data, attn_ws_,
                         attn_kind_, stream_, tiles);
         launched("attention");
@@ -519,7 +582,7 @@ public:
 
     void add(Tensor x, Tensor y) override {
         if (replaying_) return;
-        cuda::add(x.data, y.data, x.rows * x.cols, stream_);
+        if (!left_out(kLeaveAdd)) cuda::add(x.data, y.data, x.rows * x.cols, stream_);
         launched("add");
     }
 
@@ -592,7 +655,7 @@ public:
             if (cuda::int_type(w.type)) {
                 if (const int group = cuda::act_group(w.type); a.group != group) {
                     a.group = group;
-                    cuda::quantize_act(x.data, x.cols, x.rows, x.cols, a, stream_);
+                    if (!left_out(kLeaveQuantize)) cuda::quantize_act(x.data, x.cols, x.rows, x.cols, a, stream_);
                 }
                 if (route_tokens_ <= cuda::kMmvqMaxTokens)
                     cuda::mmvq_experts(*table, w, a, route_ids_, n_pairs, per, y.data, y.cols, stream_);
@@ -628,8 +691,10 @@ public:
         auto up_table = expert_table(up_exps);
         if (!up_table.ok()) return note(up_table.error());
         const cuda::DevWeight& w = dev(gate_exps[0]);
-        cuda::mmvq_experts_swiglu(*gate_table, *up_table, w, quantized_for(w, x), route_ids_, n_pairs,
-                                  x.rows == n_pairs ? 1 : route_k_, gate.data, gate.cols, stream_);
+        const cuda::DevAct a = quantized_for(w, x);
+        if (left_out(kLeaveExpertsGateUp)) return;
+        cuda::mmvq_experts_swiglu(*gate_table, *up_table, w, a, route_ids_, n_pairs, x.rows == n_pairs ? 1 : route_k_,
+                                  gate.data, gate.cols, stream_);
         launched("matmul_experts_swiglu");
     }
 
@@ -660,7 +725,9 @@ public:
         auto table = expert_table(experts);
         if (!table.ok()) return note(table.error());
         const cuda::DevWeight& w = dev(experts[0]);
-        cuda::mmvq_experts_combine(*table, w, quantized_for(w, x), route_ids_, route_w_, route_tokens_, route_k_,
+        const cuda::DevAct a = quantized_for(w, x);
+        if (left_out(kLeaveExpertsDown)) return;
+        cuda::mmvq_experts_combine(*table, w, a, route_ids_, route_w_, route_tokens_, route_k_,
                                    out.data, out.cols, stream_);
         launched("matmul_experts_combine");
     }
@@ -931,7 +998,7 @@ private:
     // x quantized as w's integer kernels read it, in the activation workspace.
     cuda::DevAct quantized_for(const cuda::DevWeight& w, Tensor x) {
         const cuda::DevAct a{act_qs_, act_d_, act_sum_, x.cols / 32, cuda::act_group(w.type), act_sum_split_};
-        cuda::quantize_act(x.data, x.cols, x.rows, x.cols, a, stream_);
+        if (!left_out(kLeaveQuantize)) cuda::quantize_act(x.data, x.cols, x.rows, x.cols, a, stream_);
         return a;
     }
 
@@ -1029,6 +1096,8 @@ private:
     bool fused_attention_inputs_ = true;
     // add_rms_norm in one launch (TERN_CUDA_ADD_NORM=0: rms_norm then add, for A/B runs).
     bool joined_add_norm_ = true;
+    uint32_t left_out_ = 0;  // LeftOut flags (TERN_CUDA_LEAVE_OUT)
+    bool left_out(LeftOut k) const { return (left_out_ & k) != 0; }
     // Prefill attention tiled by runs of one sequence (TERN_ATTN_RUN_TILES=0:
     // tiles of consecutive tokens whatever their sequences, for A/B runs).
     bool run_tiles_ = true;
