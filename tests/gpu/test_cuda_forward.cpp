@@ -432,28 +432,43 @@ TEST_F(CudaModel, KvCacheBeyondTheCardIsAClearError) {
     EXPECT_TRUE(cuda->take_error().ok());
 }
 
-// The timing switch of docs/cuda.md: a name it does not know is an error
-// naming it; a known one leaves that kernel out (here the residual add: x
-// keeps its values), and a backend made without it runs it again.
+// The timing switch of docs/cuda.md: a name it does not know, or an empty
+// one, is an error naming the switch (and the unknown name); a known one
+// leaves that kernel out (here the residual add: x keeps its values), and a
+// backend made without it runs it again.
 TEST_F(CudaModel, LeaveOutSwitchNamesWhatItDoesNotKnowAndLeavesOutWhatItNames) {
-    struct Unset {
-        ~Unset() { unsetenv("TERN_CUDA_LEAVE_OUT"); }
-    } unset;
-    setenv("TERN_CUDA_LEAVE_OUT", "attention,bogus", 1);
+    struct Restore {  // the variable as it was, whatever happens below
+        const char* was = std::getenv("TERN_CUDA_LEAVE_OUT");
+        std::string value = was ? was : "";
+        ~Restore() {
+            if (was)
+                setenv("TERN_CUDA_LEAVE_OUT", value.c_str(), 1);
+            else
+                unsetenv("TERN_CUDA_LEAVE_OUT");
+        }
+    } restore;
+    for (const char* bad : {"attention,bogus", "attention,,add"}) {
+        ASSERT_EQ(setenv("TERN_CUDA_LEAVE_OUT", bad, 1), 0);
+        auto refused = backend::make_cuda_backend(0);
+        ASSERT_FALSE(refused.ok()) << "TERN_CUDA_LEAVE_OUT=" << bad << " was accepted";
+        EXPECT_NE(refused.error().message.find("TERN_CUDA_LEAVE_OUT"), std::string::npos) << refused.error().message;
+    }
+    ASSERT_EQ(setenv("TERN_CUDA_LEAVE_OUT", "attention,bogus", 1), 0);
     auto refused = backend::make_cuda_backend(0);
-    ASSERT_FALSE(refused.ok()) << "an unknown kernel name was accepted";
+    ASSERT_FALSE(refused.ok());
     EXPECT_NE(refused.error().message.find("'bogus'"), std::string::npos) << refused.error().message;
     EXPECT_NE(refused.error().message.find("experts_down"), std::string::npos) << refused.error().message;
 
+    SCOPED_TRACE("seed " + std::to_string(run_seed()));
     auto sum_of = [&](bool leave_out_add) -> std::vector<float> {
         if (leave_out_add)
-            setenv("TERN_CUDA_LEAVE_OUT", "rms_norm,add", 1);
+            EXPECT_EQ(setenv("TERN_CUDA_LEAVE_OUT", "rms_norm, add", 1), 0);
         else
-            unsetenv("TERN_CUDA_LEAVE_OUT");
+            EXPECT_EQ(unsetenv("TERN_CUDA_LEAVE_OUT"), 0);
         auto be = backend::make_cuda_backend(0);
         EXPECT_TRUE(be.ok()) << (be.ok() ? "" : be.error().message);
         if (!be.ok()) return {};
-        std::mt19937 rng(std::random_device{}());
+        std::mt19937 rng(run_seed());
         std::normal_distribution<float> nd(0.0f, 1.0f);
         std::vector<float> xs(3 * 64), ys(3 * 64);
         for (float& v : xs) v = nd(rng);

@@ -92,13 +92,14 @@ constexpr PinnedMemory kPinnedHostMemory{pinned_host_alloc, pinned_host_free};
 // costs inside a replayed graph, where Nsight Compute's one-at-a-time
 // durations include launch costs that PDL and graphs hide (docs/cuda.md,
 // bench/leave-out). The outputs are then wrong. The routing is not among
-// them: without it the expert kernels would read through unset ids.
+// them: without it the expert kernels would read through unset ids (leaving
+// out the router's float matmul only routes by stale logits).
 enum LeftOut : uint32_t {
     kLeaveRmsNorm = 1u << 0,
     kLeaveAdd = 1u << 1,
     kLeaveQuantize = 1u << 2,
-    kLeaveFloatMatmul = 1u << 3,
-    kLeaveIntMatmul = 1u << 4,
+    kLeaveMatmulFloat = 1u << 3,
+    kLeaveMatmulInt = 1u << 4,
     kLeavePrepareAttention = 1u << 5,
     kLeaveAttention = 1u << 6,
     kLeaveExpertsGateUp = 1u << 7,
@@ -109,21 +110,25 @@ constexpr std::pair<const char*, LeftOut> kLeaveOutNames[] = {
     {"rms_norm", kLeaveRmsNorm},
     {"add", kLeaveAdd},
     {"quantize", kLeaveQuantize},
-    {"matmul_float", kLeaveFloatMatmul},
-    {"matmul_int", kLeaveIntMatmul},
+    {"matmul_float", kLeaveMatmulFloat},
+    {"matmul_int", kLeaveMatmulInt},
     {"prepare_attention", kLeavePrepareAttention},
     {"attention", kLeaveAttention},
     {"experts_gate_up", kLeaveExpertsGateUp},
     {"experts_down", kLeaveExpertsDown},
 };
 
-// A comma-separated list of kLeaveOutNames' names as their flags.
+// A comma-separated list of kLeaveOutNames' names (spaces around them
+// ignored) as their flags.
 Result<uint32_t> parse_left_out(const std::string& list) {
     uint32_t kinds = 0;
     size_t at = 0;
     while (at <= list.size()) {
         const size_t comma = std::min(list.find(',', at), list.size());
-        const std::string name = list.substr(at, comma - at);
+        std::string name = list.substr(at, comma - at);
+        name.erase(0, name.find_first_not_of(' '));
+        name.erase(name.find_last_not_of(' ') + 1);
+        if (name.empty()) return Error{"cuda: TERN_CUDA_LEAVE_OUT='" + list + "' has an empty name"};
         bool known = false;
         for (const auto& [n, k] : kLeaveOutNames)
             if (name == n) kinds |= k, known = true;
@@ -187,7 +192,7 @@ public:
             be->mmvq_max_parts_ = std::clamp(std::atoi(m), 1, cuda::kMmvqMaxParts);
         if (const char* names = std::getenv("TERN_CUDA_LEAVE_OUT"); names && *names) {
             auto kinds = parse_left_out(names);
-            if (!kinds.ok()) return Error{kinds.error().message};
+            if (!kinds.ok()) return kinds.error();
             be->left_out_ = *kinds;
             std::fprintf(stderr,
                          "cuda: TERN_CUDA_LEAVE_OUT=%s: those kernels are left out of every step, so every output "
@@ -444,14 +449,14 @@ public:
         cuda::MatmulPart run[cuda::kMmvqMaxParts];
         int n_run = 0;
         auto flush = [&] {
-            if (n_run > 0 && !left_out(kLeaveIntMatmul)) cuda::mmvq_parts(run, n_run, a, int(n), stream_);
+            if (n_run > 0 && !left_out(kLeaveMatmulInt)) cuda::mmvq_parts(run, n_run, a, int(n), stream_);
             n_run = 0;
         };
         for (const MatmulTarget& t : targets) {
             auto& d = *static_cast<DeviceWeight*>(t.w->impl);
             if (Status s = ensure_on_device(*t.w, d); !s.ok()) return note(s);
             if (!cuda::int_type(d.dev.type)) {
-                if (!left_out(kLeaveFloatMatmul)) cuda::matmul_float(d.dev, x.data, n, t.y.data, stream_);
+                if (!left_out(kLeaveMatmulFloat)) cuda::matmul_float(d.dev, x.data, n, t.y.data, stream_);
                 continue;
             }
             if (const int group = cuda::act_group(d.dev.type); a.group != group) {
@@ -459,8 +464,9 @@ public:
                 a.group = group;
                 if (!left_out(kLeaveQuantize)) cuda::quantize_act(x.data, x.cols, n, x.cols, a, stream_);
             }
-            if (left_out(kLeaveIntMatmul) && int_kernel(d.dev, n) != IntKernel::mmvq) continue;
-            switch (int_kernel(d.dev, n)) {
+            const IntKernel kernel = int_kernel(d.dev, n);
+            if (left_out(kLeaveMatmulInt) && kernel != IntKernel::mmvq) continue;  // mmvq's parts: at flush
+            switch (kernel) {
                 case IntKernel::mmq_batch: cuda::mmq_batch(d.dev, a, int(n), t.y.data, t.y.cols, stream_); continue;
                 case IntKernel::mmq: cuda::mmq(d.dev, a, n, t.y.data, t.y.cols, stream_); continue;
                 case IntKernel::mmvq: break;  // joins the pending parts below
@@ -691,6 +697,7 @@ public:
         auto up_table = expert_table(up_exps);
         if (!up_table.ok()) return note(up_table.error());
         const cuda::DevWeight& w = dev(gate_exps[0]);
+        // The quantization stays when the kernel is left out: `quantize` is a kind of its own.
         const cuda::DevAct a = quantized_for(w, x);
         if (left_out(kLeaveExpertsGateUp)) return;
         cuda::mmvq_experts_swiglu(*gate_table, *up_table, w, a, route_ids_, n_pairs, x.rows == n_pairs ? 1 : route_k_,
