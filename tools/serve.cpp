@@ -5,7 +5,6 @@
 #include <pthread.h>
 #include <signal.h>
 
-#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -138,9 +137,9 @@ void run_serve(const ServeOptions& o, const CLI::App& cmd) {
     runtime::Scheduler scheduler(*engine, so);
     if (!scheduler.warm_up_status().ok())
         std::fprintf(stderr, "tern serve: %s (serving without it)\n", scheduler.warm_up_status().message().c_str());
-    else if (so.warm_up_tokens > 0)
+    else if (const runtime::SchedulerStats st = scheduler.stats(); st.warm_up_tokens > 0)
         std::fprintf(stderr, "tern serve: steps of 1-%d tokens wanting logits captured as graphs in %.2f s\n",
-                     std::min(so.warm_up_tokens, engine->forward().max_tokens()), scheduler.stats().warm_up_seconds);
+                     st.warm_up_tokens, st.warm_up_seconds);
     {
         std::lock_guard<std::mutex> lock(stop_mu);
         if (!stop_requested)

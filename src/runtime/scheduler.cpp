@@ -104,7 +104,10 @@ void Scheduler::warm_up(int n_tokens) {
         if (st.ok()) st = unmapped;
     }
     for (int32_t page : pages) pool_.release(page);
-    if (!st.ok()) warm_up_status_ = Error{"warm-up: " + st.message()};
+    if (!st.ok())
+        warm_up_status_ = Error{"warm-up: " + st.message()};
+    else
+        stats_.warm_up_tokens = n_tokens;
     stats_.warm_up_seconds = ms_between(t0, Clock::now()) / 1000.0;
 }
 

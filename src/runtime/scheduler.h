@@ -109,6 +109,7 @@ struct SchedulerStats {
     uint64_t preemptions = 0;        // sequences paused for want of pages
     uint64_t graphs_captured = 0;    // forward steps the backend captured as graphs, warm-up included
     double warm_up_seconds = 0;      // the warm-up's (SchedulerOptions::warm_up_tokens)
+    int warm_up_tokens = 0;          // its steps ran 1 to this many tokens (0: none, or it failed)
 
     // How long whole steps took (forward and host work: a decoding stream's
     // gap between tokens), by what they carried, in buckets of upper bounds

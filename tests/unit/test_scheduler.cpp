@@ -285,6 +285,7 @@ TEST(Scheduler, AWarmUpLeavesThePoolAndTheOutputsAsTheyWere) {
     EXPECT_TRUE(s.warm_up_status().ok()) << s.warm_up_status().message();
     const SchedulerStats st = s.stats();
     EXPECT_GT(st.warm_up_seconds, 0.0);
+    EXPECT_EQ(st.warm_up_tokens, 32) << "the batch bounds the warm-up's steps";
     EXPECT_EQ(st.steps, 0u);
     EXPECT_EQ(st.kv_pages_held, 0);
     EXPECT_EQ(st.graphs_captured, 0u);

@@ -46,6 +46,11 @@ bool switched_off(const char* name) {
     return v && std::strcmp(v, "0") == 0;
 }
 
+bool switched_on(const char* name) {
+    const char* v = std::getenv(name);
+    return v && std::strcmp(v, "1") == 0;
+}
+
 bool pdl_enabled() {
     static const bool allowed = !switched_off("TERN_CUDA_PDL");
     return allowed && sm90_code_runs_here();

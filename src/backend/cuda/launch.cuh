@@ -54,9 +54,11 @@ __device__ __forceinline__ void after_prior_grids() {
     allow_dependent_launch();
 }
 
-// True where the environment sets `name` to "0": how the measurement
-// switches of docs/cuda.md turn a path off for A/B runs. Callers read it once.
+// True where the environment sets `name` to "0" (switched_off) or "1"
+// (switched_on): how the measurement switches of docs/cuda.md turn a path
+// off, or an older one back on, for A/B runs. Callers read them once.
 bool switched_off(const char* name);
+bool switched_on(const char* name);
 
 // Whether kernels that can read the step's host-copied arrays before the wait
 // do (above); TERN_CUDA_EARLY_READS=0 turns it off for A/B runs.

@@ -21,7 +21,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
-#include <string>
 
 #include "backend/cuda/block_decode.cuh"
 #include "backend/cuda/bulk_copy.cuh"
@@ -612,10 +611,7 @@ int stream_from() {
 // than a tile of zeros (a 7B step of 40 tokens took 9.4 ms, of 48 7.2 ms,
 // LOG g76). TERN_MMQB_ODD_TILES=1 keeps the odd counts, for A/B runs.
 bool odd_tiles_on() {
-    static const bool on = [] {
-        const char* v = std::getenv("TERN_MMQB_ODD_TILES");
-        return v && std::string(v) == "1";
-    }();
+    static const bool on = switched_on("TERN_MMQB_ODD_TILES");
     return on;
 }
 
