@@ -157,6 +157,13 @@ public:
     virtual void matmul_shared(Tensor x, std::initializer_list<MatmulTarget> targets) {
         for (const MatmulTarget& t : targets) matmul(*t.w, x, t.y, t.bias);
     }
+    // y += x W^T: a block's last product added to the residual stream. The
+    // bits of matmul into `scratch` (y's shape, left undefined) then add,
+    // which is what this default does; a backend may add as it writes.
+    virtual void matmul_add(const Weight& w, Tensor x, Tensor y, Tensor scratch) {
+        matmul(w, x, scratch);
+        add(y, scratch);
+    }
     // Rotates the first rope.n_dims dims of each head of x (rows: tokens, cols: n_heads*head_dim)
     // by the positions of the current batch.
     virtual void rope(Tensor x, int n_heads, int head_dim, const RopeParams& rope) = 0;
@@ -243,6 +250,13 @@ public:
     virtual void matmul_experts_combine(const std::vector<Weight>& experts, Tensor x, Tensor y, Tensor out) {
         matmul_experts(experts, x, y);
         combine_experts(y, out);
+    }
+    // out += that combine: the bits of matmul_experts_combine into `scratch`
+    // (out's shape, left undefined) then add, which is what this default does.
+    virtual void matmul_experts_combine_add(const std::vector<Weight>& experts, Tensor x, Tensor y, Tensor out,
+                                            Tensor scratch) {
+        matmul_experts_combine(experts, x, y, scratch);
+        add(out, scratch);
     }
     // Waits until all issued work is done.
     virtual void synchronize() = 0;

@@ -23,21 +23,29 @@ struct LayerPass {
     backend::Tensor experts_out;             // and its experts' outputs, n_expert_used rows per token
 };
 
-// out = Wo · attention(rope(Wq·in), rope(Wk·in), Wv·in) for layer il, with
-// the layer's q/k biases and per-head q/k norms where it has them; attention
-// over the last `window` positions of each sequence (0: all of them). in and
-// out may be the same tensor.
+// How a block leaves its result in `out`: written (in and out may then be
+// the same tensor), or added to it, the residual stream (in is then the
+// block's scratch after its first product, and must not be out). Added, the
+// bits are those of writing the result to in and adding in to out.
+enum class BlockOut { Write, Add };
+
+// out = (or +=) Wo · attention(rope(Wq·in), rope(Wk·in), Wv·in) for layer il,
+// with the layer's q/k biases and per-head q/k norms where it has them;
+// attention over the last `window` positions of each sequence (0: all of them).
 void attention_block(const LayerPass& p, const Layer& L, int il, backend::Tensor in,
-                     const backend::RopeParams& rope, int window, backend::Tensor out);
+                     const backend::RopeParams& rope, int window, backend::Tensor out,
+                     BlockOut how = BlockOut::Write);
 
 enum class GateActivation { Silu, Gelu };
 
-// out = W_down · (act(W_gate·in) * W_up·in). in and out may be the same tensor.
-void gated_ffn(const LayerPass& p, const Layer& L, backend::Tensor in, GateActivation act, backend::Tensor out);
+// out = (or +=) W_down · (act(W_gate·in) * W_up·in).
+void gated_ffn(const LayerPass& p, const Layer& L, backend::Tensor in, GateActivation act, backend::Tensor out,
+               BlockOut how = BlockOut::Write);
 
-// out = the mixture of experts: the router picks hp.n_expert_used experts per
-// token, each a SwiGLU FFN, and their outputs are summed with the router's
-// weights (Backend::route_experts). in and out may be the same tensor.
-void moe_ffn(const LayerPass& p, const Layer& L, backend::Tensor in, backend::Tensor out);
+// out = (or +=) the mixture of experts: the router picks hp.n_expert_used
+// experts per token, each a SwiGLU FFN, and their outputs are summed with the
+// router's weights (Backend::route_experts).
+void moe_ffn(const LayerPass& p, const Layer& L, backend::Tensor in, backend::Tensor out,
+             BlockOut how = BlockOut::Write);
 
 }  // namespace tern::model

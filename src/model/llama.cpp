@@ -13,14 +13,12 @@ namespace tern::model {
 void llama_layer(const LayerPass& p, const Layer& L, int il) {
     const float eps = p.hp.norm_eps;
     p.be.rms_norm(p.x, L.attn_norm, eps, p.h);
-    attention_block(p, L, il, p.h, p.rope, /*window=*/0, p.h);
-    p.be.add(p.x, p.h);
+    attention_block(p, L, il, p.h, p.rope, /*window=*/0, p.x, BlockOut::Add);
     p.be.rms_norm(p.x, L.ffn_norm, eps, p.h);
     if (L.has_experts())
-        moe_ffn(p, L, p.h, p.h);
+        moe_ffn(p, L, p.h, p.x, BlockOut::Add);
     else
-        gated_ffn(p, L, p.h, GateActivation::Silu, p.h);
-    p.be.add(p.x, p.h);
+        gated_ffn(p, L, p.h, GateActivation::Silu, p.x, BlockOut::Add);
 }
 
 namespace {

@@ -10,7 +10,8 @@
 //    every integer weight type (q6_K in both layouts the backend registers)
 //    and f16;
 //  - matmul_experts_swiglu has the bits of both expert matmuls and swiglu,
-//    matmul_experts_combine those of matmul_experts and combine_experts;
+//    matmul_experts_combine those of matmul_experts and combine_experts, and
+//    matmul_experts_combine_add those of the combine then add;
 //  - combine_experts is w_0 y_0 then fma in order, bit for bit, with the
 //    device's routing weights (read back through a combine of one-hot rows);
 //    those weights are the CPU's where they are exact (equal logits), else
@@ -152,6 +153,19 @@ void check_shape(const Shape& sh, bool equal_logits, std::mt19937& rng) {
         ASSERT_TRUE(be.take_error().ok());
         ASSERT_EQ(std::memcmp(fused.data(), separate.data(), fused.size() * sizeof(float)), 0)
             << "matmul_experts_combine";
+        // Added to a residual (matmul_experts_combine_add): the bits of the combine then add.
+        Tensor acc = *be.alloc(sh.n_tok, sh.rows), sep_acc = *be.alloc(sh.n_tok, sh.rows);
+        Tensor acc_scratch = *be.alloc(sh.n_tok, sh.rows);
+        std::vector<float> residual(size_t(sh.n_tok * sh.rows));
+        for (float& v : residual) v = nd(rng) * 8.0f;
+        fill(be, acc, residual);
+        fill(be, sep_acc, residual);
+        be.matmul_experts_combine_add(experts, xp, scratch, acc, acc_scratch);
+        be.add(sep_acc, sep);
+        const std::vector<float> added = read(be, acc), apart = read(be, sep_acc);
+        ASSERT_TRUE(be.take_error().ok());
+        ASSERT_EQ(std::memcmp(added.data(), apart.data(), added.size() * sizeof(float)), 0)
+            << "matmul_experts_combine_add";
     }
 
     // The device's weights: a combine of rows where routed row j of a token

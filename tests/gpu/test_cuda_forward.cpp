@@ -19,6 +19,8 @@
 //        position, the prefill's logits bit for bit (mmq and mmvq share one
 //        arithmetic order, and attention's order does not depend on the batch).
 //  - A sequence alone and in a batch with another give the same bits.
+//  - The blocks' last products added to the residual as they are written
+//    give the bits of the add apart.
 //  - File types with tensors the CUDA backend has no kernel for (q2_K, q3_K)
 //    are refused at load with an error naming the type.
 //  - The real models (SmolLM2-135M-Instruct Q4_1, Gemma 3 270M Q4_K_M): CPU
@@ -490,6 +492,53 @@ TEST_F(CudaModel, LeaveOutSwitchNamesWhatItDoesNotKnowAndLeavesOutWhatItNames) {
     };
     sum_of(true);
     sum_of(false);
+}
+
+// The blocks' last products added to the residual stream as they are
+// written (matmul_add, matmul_experts_combine_add at decode) give the bits of
+// the product then add: a prefill and greedy decode with TERN_CUDA_MATMUL_ADD
+// on and off agree bit for bit, on K-quant, legacy and float files, dense
+// and mixtures of experts.
+TEST_F(CudaModel, ProductsAddedAsWrittenGiveTheBitsOfTheAddApart) {
+    struct Restore {  // the variable as it was, whatever happens below
+        const char* was = std::getenv("TERN_CUDA_MATMUL_ADD");
+        std::string value = was ? was : "";
+        ~Restore() {
+            if (was)
+                setenv("TERN_CUDA_MATMUL_ADD", value.c_str(), 1);
+            else
+                unsetenv("TERN_CUDA_MATMUL_ADD");
+        }
+    } restore;
+    const Case cases[] = {{"tiny", quant::FileType::Q4_K_M, kQuantTol},
+                          {"tiny", quant::FileType::Q4_0, kQuantTol},
+                          {"tiny", quant::FileType::ALL_F32, kFloatTol},
+                          {"qwen3moe", quant::FileType::Q4_K_M, kQuantTol},
+                          {"mixtral", quant::FileType::Q5_0, kQuantTol}};
+    for (const Case& c : cases) {
+        SCOPED_TRACE("seed " + std::to_string(run_seed()) + ", " + case_name(c));
+        const SynthFile synth(c, run_seed() ^ uint64_t(c.ftype));
+        auto file = gguf::File::open(synth.path);
+        ASSERT_TRUE(file.ok()) << file.error().message;
+        std::vector<float> rows[2];
+        std::vector<int32_t> follow, prompt;  // the joined run's greedy picks, fed to the other
+        size_t nv = 0;
+        for (int joined : {1, 0}) {
+            ASSERT_EQ(setenv("TERN_CUDA_MATMUL_ADD", joined ? "1" : "0", 1), 0);
+            Runner r;
+            load(**file, cuda_backend(), kPrompt, 1, kPrompt + kDecode, r);
+            if (HasFatalFailure()) return;
+            nv = size_t(r.m.hp.n_vocab);
+            if (prompt.empty()) {
+                std::mt19937 rng(run_seed());
+                prompt = random_tokens(rng, r.m.hp.n_vocab, kPrompt);
+            }
+            run_sequence(*r.fwd, 0, prompt, kDecode, follow, nv, rows[joined]);
+            if (HasFatalFailure()) return;
+        }
+        EXPECT_EQ(first_differing_row(rows[1], rows[0], nv), -1)
+            << "the products added as written and the adds apart differ from this position on";
+    }
 }
 
 TEST_F(CudaModel, RefusesQ2KAndQ3KByName) {

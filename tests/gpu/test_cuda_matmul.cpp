@@ -656,6 +656,45 @@ TEST_P(CudaIntMatmul, PartsInOneLaunchKeepTheirBits) {
     }
 }
 
+// mmvq_parts with add (matmul_add at decode): each output is the value y
+// held plus the product, the bits of the product then the add kernel (an
+// IEEE single add, as on the host here); padding and rows past the result
+// untouched.
+TEST_P(CudaIntMatmul, AddedToYGivesTheBitsOfTheProductThenAdd) {
+    const IntCase c = GetParam();
+    const TensorType tt = tensor_type(c.type);
+    SCOPED_TRACE("seed " + std::to_string(seed()));
+    const int64_t cols = 2048, rows = 130, stride = rows + 3;
+    const int64_t n_max = kMmvqTokens[std::size(kMmvqTokens) - 1];
+    const HostActs acts = make_acts(n_max, cols, cuda::act_group(c.type), 4100);
+    const DeviceActs dev_acts = upload_acts(acts);
+    const HostWeights w = make_weights(tt, rows, cols, uint32_t(5100 + int(c.type)));
+    const std::vector<float> ref = reference(w, acts, n_max);
+    DeviceWeights dw;
+    upload_weights(w, c.type, c.layout, dw);
+    if (HasFatalFailure()) return;
+    std::mt19937 rng = rng_for(uint32_t(5200 + int(c.type)), 0);
+    std::normal_distribution<float> nd(0.0f, 4.0f);
+    for (int64_t n : kMmvqTokens) {
+        std::vector<float> y(size_t((n + 2) * stride)), want(size_t(n * rows));
+        for (int64_t t = 0; t < n + 2; ++t)
+            for (int64_t r = 0; r < stride; ++r) {
+                float& v = y[size_t(t * stride + r)];
+                if (t < n && r < rows) {
+                    v = nd(rng);
+                    want[size_t(t * rows + r)] = v + ref[size_t(t * rows + r)];
+                } else {
+                    std::memcpy(&v, &kPoisonBits, 4);
+                }
+            }
+        DeviceBuffer<float> dy(y);
+        const cuda::MatmulPart part{dw.view, dy.get(), stride, /*add=*/true};
+        cuda::mmvq_parts(&part, 1, dev_acts.view, int(n), nullptr);
+        sync_ok();
+        check_output(dy.download(), n, rows, stride, want, case_name(c) + ", " + std::to_string(n) + " tokens");
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(Types, CudaIntMatmul,
                          ::testing::Values(IntCase{WType::Q4_0, Layout::file}, IntCase{WType::Q4_1, Layout::file},
                                            IntCase{WType::Q5_0, Layout::file}, IntCase{WType::Q5_1, Layout::file},

@@ -73,6 +73,13 @@ public:
         be_->matmul_experts_swiglu(x, gate_exps, up_exps, gate, up);
     }
     void combine_experts(backend::Tensor y, backend::Tensor out) override { be_->combine_experts(y, out); }
+    void matmul_add(const backend::Weight& w, backend::Tensor x, backend::Tensor y, backend::Tensor scratch) override {
+        be_->matmul_add(w, x, y, scratch);
+    }
+    void matmul_experts_combine_add(const std::vector<backend::Weight>& experts, backend::Tensor x, backend::Tensor y,
+                                    backend::Tensor out, backend::Tensor scratch) override {
+        be_->matmul_experts_combine_add(experts, x, y, out, scratch);
+    }
     void matmul_experts_combine(const std::vector<backend::Weight>& experts, backend::Tensor x, backend::Tensor y,
                                 backend::Tensor out) override {
         be_->matmul_experts_combine(experts, x, y, out);

@@ -187,6 +187,7 @@ public:
         if (const char* m = std::getenv("TERN_MMQ_BATCH_ROWS")) be->mmq_batch_rows_ = std::atoll(m);
         if (const char* f = std::getenv("TERN_CUDA_PREPARE_ATTENTION")) be->fused_attention_inputs_ = std::string(f) != "0";
         if (const char* f = std::getenv("TERN_CUDA_ADD_NORM")) be->joined_add_norm_ = std::string(f) != "0";
+        if (const char* f = std::getenv("TERN_CUDA_MATMUL_ADD")) be->joined_matmul_add_ = std::string(f) != "0";
         if (const char* f = std::getenv("TERN_ATTN_RUN_TILES")) be->run_tiles_ = std::string(f) != "0";
         if (const char* m = std::getenv("TERN_MMVQ_PARTS"))
             be->mmvq_max_parts_ = std::clamp(std::atoi(m), 1, cuda::kMmvqMaxParts);
@@ -480,6 +481,21 @@ public:
         launched("matmul");
     }
 
+    // At decode (mmvq), the product added to y as it is written: the bits of
+    // matmul then add, without the add's launch.
+    void matmul_add(const Weight& w, Tensor x, Tensor y, Tensor scratch) override {
+        auto& d = *static_cast<DeviceWeight*>(w.impl);
+        if (Status s = ensure_on_device(w, d); !s.ok()) return note(s);
+        if (!joined_matmul_add_ || left_out(kLeaveAdd) || left_out(kLeaveMatmulInt) || !cuda::int_type(d.dev.type) ||
+            int_kernel(d.dev, x.rows) != IntKernel::mmvq)
+            return Backend::matmul_add(w, x, y, scratch);
+        if (replaying_) return;
+        const cuda::DevAct a = quantized_for(d.dev, x);
+        const cuda::MatmulPart part{d.dev, y.data, y.cols, /*add=*/true};
+        cuda::mmvq_parts(&part, 1, a, int(x.rows), stream_);
+        launched("matmul_add");
+    }
+
     // The integer kernel for n tokens: the K-quants' decode-batch kernel from
     // its crossover with mmvq to its limit, else mmvq up to 8 and mmq beyond.
     // All give the same bits (kernels.h). The crossovers are the sandbox's
@@ -717,10 +733,28 @@ public:
     // weighted combine in one pass (mmvq_experts_combine, the bits of
     // matmul_experts then combine_experts; y is not written).
     void matmul_experts_combine(const std::vector<Weight>& experts, Tensor x, Tensor y, Tensor out) override {
-        const int64_t n_pairs = route_tokens_ * route_k_;
-        const bool fused = route_tokens_ <= cuda::kMmvqMaxTokens && !experts.empty() && x.rows == n_pairs &&
-                           cuda::int_type(dev(experts[0]).type);
-        if (!fused) return Backend::matmul_experts_combine(experts, x, y, out);
+        if (!combine_in_one_pass(experts, x)) return Backend::matmul_experts_combine(experts, x, y, out);
+        experts_combine(experts, x, y, out, /*add=*/false);
+    }
+
+    // At decode, the combine added to out as it is written (the bits of the
+    // combine then add).
+    void matmul_experts_combine_add(const std::vector<Weight>& experts, Tensor x, Tensor y, Tensor out,
+                                    Tensor scratch) override {
+        if (!joined_matmul_add_ || left_out(kLeaveAdd) || left_out(kLeaveExpertsDown) ||
+            !combine_in_one_pass(experts, x))
+            return Backend::matmul_experts_combine_add(experts, x, y, out, scratch);
+        experts_combine(experts, x, y, out, /*add=*/true);
+    }
+
+    bool combine_in_one_pass(const std::vector<Weight>& experts, Tensor x) const {
+        return route_tokens_ <= cuda::kMmvqMaxTokens && !experts.empty() && x.rows == route_tokens_ * route_k_ &&
+               cuda::int_type(dev(experts[0]).type);
+    }
+
+    // mmvq_experts_combine into out (or added to it), after the checks of the
+    // two calls it stands for.
+    void experts_combine(const std::vector<Weight>& experts, Tensor x, Tensor y, Tensor out, bool add) {
         // The checks of the two calls it stands for, y's included (it is not written).
         if (!fits_routing("matmul_experts_combine", x.rows, experts.size(), y.rows)) return;
         if (out.rows != route_tokens_ || out.cols != y.cols || out.cols != experts[0].rows)
@@ -735,7 +769,7 @@ public:
         const cuda::DevAct a = quantized_for(w, x);
         if (left_out(kLeaveExpertsDown)) return;
         cuda::mmvq_experts_combine(*table, w, a, route_ids_, route_w_, route_tokens_, route_k_,
-                                   out.data, out.cols, stream_);
+                                   out.data, out.cols, stream_, add);
         launched("matmul_experts_combine");
     }
 
@@ -1103,6 +1137,9 @@ private:
     bool fused_attention_inputs_ = true;
     // add_rms_norm in one launch (TERN_CUDA_ADD_NORM=0: rms_norm then add, for A/B runs).
     bool joined_add_norm_ = true;
+    // matmul_add and matmul_experts_combine_add at decode as one launch
+    // (TERN_CUDA_MATMUL_ADD=0: the product, then add, for A/B runs).
+    bool joined_matmul_add_ = true;
     uint32_t left_out_ = 0;  // LeftOut flags (TERN_CUDA_LEAVE_OUT)
     bool left_out(LeftOut k) const { return (left_out_ & k) != 0; }
     // Prefill attention tiled by runs of one sequence (TERN_ATTN_RUN_TILES=0:

@@ -87,12 +87,13 @@ void mmvq(const DevWeight& w, const DevAct& a, int n_tokens, float* y, int64_t y
 // activations (q, k and v; gate and up) in one launch over all their rows:
 // each part's outputs are the bits mmvq gives it alone. Launches nothing when
 // the parts are not mmvq_parts_compatible with the first, a part has no rows,
-// or there are more than kMmvqMaxParts.
+// their `add`s differ, or there are more than kMmvqMaxParts.
 constexpr int kMmvqMaxParts = 3;
 struct MatmulPart {
     DevWeight w;
     float* y = nullptr;
     int64_t y_stride = 0;
+    bool add = false;  // y += the product (the bits of the product then add), instead of y = it
 };
 bool mmvq_parts_compatible(const DevWeight& a, const DevWeight& b);
 void mmvq_parts(const MatmulPart* parts, int n_parts, const DevAct& a, int n_tokens, cudaStream_t stream);
@@ -157,10 +158,11 @@ void mmvq_experts_swiglu(const uint8_t* const* gate_exps, const uint8_t* const* 
                          const DevAct& a, const int32_t* ids, int64_t n_pairs, int per, float* y, int64_t y_stride,
                          cudaStream_t stream);
 // out row t = combine_experts of mmvq_experts' rows t * k + j (activation row
-// t * k + j, weights[t * k + j]): the bits of both calls, in one pass.
+// t * k + j, weights[t * k + j]): the bits of both calls, in one pass. With
+// add, out row t += that instead (the bits of the combine then add).
 void mmvq_experts_combine(const uint8_t* const* experts, const DevWeight& w, const DevAct& a, const int32_t* ids,
                           const float* weights, int64_t n_tokens, int k, float* out, int64_t out_stride,
-                          cudaStream_t stream);
+                          cudaStream_t stream, bool add = false);
 // mmq_experts: each expert's rows as the token tiles of its matrix (prefill).
 void mmq_experts(const uint8_t* const* experts, const DevWeight& w, const DevAct& a, const ExpertGroups& groups,
                  int64_t n_pairs, int n_expert, int per, float* y, int64_t y_stride, cudaStream_t stream);

@@ -155,30 +155,41 @@ __device__ __forceinline__ void row_dots(const uint8_t* const (&rowp)[NR], const
     }
 }
 
-// Lane t < NT writes token t's value v[t] to y[t * y_stride + row].
+// Where the outputs are added to y: lane t < NT's token t value of y before
+// the row's dots (loaded while the weights stream, after the wait), else 0.
+template <int NT>
+__device__ __forceinline__ float prior_of(bool add, int64_t row, const float* __restrict__ y, int64_t y_stride) {
+    const int lane = threadIdx.x & 31;
+    return add && lane < NT ? y[int64_t(lane) * y_stride + row] : 0.0f;
+}
+
+// Lane t < NT writes token t's value v[t] to y[t * y_stride + row], or with
+// add prior + v[t]: the bits of the add kernel after the product.
 template <int NT>
 __device__ __forceinline__ void store_tokens(const float (&v)[NT], int64_t row, float* __restrict__ y,
-                                             int64_t y_stride) {
+                                             int64_t y_stride, bool add = false, float prior = 0.0f) {
     const int lane = threadIdx.x & 31;
     if (lane < NT) {
         float mine = v[0];
 #pragma unroll
         for (int t = 1; t < NT; ++t)
             if (lane == t) mine = v[t];
-        y[int64_t(lane) * y_stride + row] = mine;
+        y[int64_t(lane) * y_stride + row] = add ? __fadd_rn(prior, mine) : mine;
     }
 }
 
-// Row `row` of W against tokens 0..NT-1 of a, into y[t * y_stride + row].
+// Row `row` of W against tokens 0..NT-1 of a, into (or, with add, added to)
+// y[t * y_stride + row].
 template <WType T, bool WIDE, int NT>
 __device__ __forceinline__ void mmvq_row(const DevWeight& w, const DevAct& a, int64_t row, float* __restrict__ y,
-                                         int64_t y_stride) {
+                                         int64_t y_stride, bool add = false) {
     if (row >= w.rows) return;  // uniform per warp
+    const float prior = prior_of<NT>(add, row, y, y_stride);
     const uint8_t* const rowp[1] = {w.data + row * w.row_stride};
     const DevAct as[1] = {a};
     float acc[1][NT];
     row_dots<T, WIDE, NT, 1>(rowp, w, as, acc);
-    store_tokens<NT>(acc[0], row, y, y_stride);
+    store_tokens<NT>(acc[0], row, y, y_stride, add, prior);
 }
 
 // The parts of one launch: part i's rows are CTAs first_cta[i] .. first_cta[i + 1) - 1.
@@ -188,7 +199,9 @@ struct Parts {
     int n;
 };
 
-template <WType T, bool WIDE, int NT>
+// ADD: every part's add is set (a template argument, so the kernels that
+// write keep their registers).
+template <WType T, bool WIDE, int NT, bool ADD>
 __global__ void __launch_bounds__(kWarps * 32) mmvq_kernel(Parts parts, DevAct a) {
     after_prior_grids();
     // This CTA's part, by selects (no indexing into the parameters).
@@ -198,7 +211,7 @@ __global__ void __launch_bounds__(kWarps * 32) mmvq_kernel(Parts parts, DevAct a
     for (int i = 1; i < kMmvqMaxParts; ++i)
         if (i < parts.n && blockIdx.x >= parts.first_cta[i]) part = parts.p[i], first = parts.first_cta[i];
     mmvq_row<T, WIDE, NT>(part.w, a, int64_t(blockIdx.x - first) * kWarps + (threadIdx.x >> 5), part.y,
-                          part.y_stride);
+                          part.y_stride, ADD);
 }
 
 // Routed row p = blockIdx.y: its expert's matrix against activation row p / per.
@@ -222,10 +235,11 @@ template <WType T, bool WIDE>
 __global__ void __launch_bounds__(kWarps * 32)
     mmvq_experts_combine_kernel(const uint8_t* const* __restrict__ experts, DevWeight w, DevAct a,
                                 const int32_t* __restrict__ ids, const float* __restrict__ weights, int k,
-                                float* __restrict__ out, int64_t out_stride) {
+                                float* __restrict__ out, int64_t out_stride, bool add) {
     after_prior_grids();
     const int64_t t = blockIdx.y, row = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
     if (row >= w.rows) return;  // uniform per warp
+    const float prior = prior_of<1>(add, row, out + t * out_stride, out_stride);
     float sum = 0.0f;
     for (int j0 = 0; j0 < k; j0 += kCombineGroup) {
         const int here = min(kCombineGroup, k - j0);
@@ -245,7 +259,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         }
     }
     const float v[1] = {sum};
-    store_tokens<1>(v, row, out + t * out_stride, out_stride);
+    store_tokens<1>(v, row, out + t * out_stride, out_stride, add, prior);
 }
 
 // Routed row p = blockIdx.y: silu(gate) * up of its expert's rows of both
@@ -269,19 +283,19 @@ __global__ void __launch_bounds__(kWarps * 32)
     store_tokens<1>(v, row, y + p * y_stride, y_stride);
 }
 
-template <WType T, bool WIDE>
+template <WType T, bool WIDE, bool ADD>
 void launch_for(const Parts& parts, const DevAct& a, int n, cudaStream_t s) {
     const unsigned grid = parts.first_cta[parts.n];
     const int threads = kWarps * 32;
     switch (n) {
-        case 1: launch(mmvq_kernel<T, WIDE, 1>, grid, threads, 0, s, parts, a); break;
-        case 2: launch(mmvq_kernel<T, WIDE, 2>, grid, threads, 0, s, parts, a); break;
-        case 3: launch(mmvq_kernel<T, WIDE, 3>, grid, threads, 0, s, parts, a); break;
-        case 4: launch(mmvq_kernel<T, WIDE, 4>, grid, threads, 0, s, parts, a); break;
-        case 5: launch(mmvq_kernel<T, WIDE, 5>, grid, threads, 0, s, parts, a); break;
-        case 6: launch(mmvq_kernel<T, WIDE, 6>, grid, threads, 0, s, parts, a); break;
-        case 7: launch(mmvq_kernel<T, WIDE, 7>, grid, threads, 0, s, parts, a); break;
-        default: launch(mmvq_kernel<T, WIDE, 8>, grid, threads, 0, s, parts, a); break;
+        case 1: launch(mmvq_kernel<T, WIDE, 1, ADD>, grid, threads, 0, s, parts, a); break;
+        case 2: launch(mmvq_kernel<T, WIDE, 2, ADD>, grid, threads, 0, s, parts, a); break;
+        case 3: launch(mmvq_kernel<T, WIDE, 3, ADD>, grid, threads, 0, s, parts, a); break;
+        case 4: launch(mmvq_kernel<T, WIDE, 4, ADD>, grid, threads, 0, s, parts, a); break;
+        case 5: launch(mmvq_kernel<T, WIDE, 5, ADD>, grid, threads, 0, s, parts, a); break;
+        case 6: launch(mmvq_kernel<T, WIDE, 6, ADD>, grid, threads, 0, s, parts, a); break;
+        case 7: launch(mmvq_kernel<T, WIDE, 7, ADD>, grid, threads, 0, s, parts, a); break;
+        default: launch(mmvq_kernel<T, WIDE, 8, ADD>, grid, threads, 0, s, parts, a); break;
     }
 }
 
@@ -311,13 +325,13 @@ void mmvq_experts_swiglu(const uint8_t* const* gate_exps, const uint8_t* const* 
 
 void mmvq_experts_combine(const uint8_t* const* experts, const DevWeight& w, const DevAct& a, const int32_t* ids,
                           const float* weights, int64_t n_tokens, int k, float* out, int64_t out_stride,
-                          cudaStream_t s) {
+                          cudaStream_t s, bool add) {
     if (n_tokens < 1 || k < 1 || w.rows < 1) return;
     const dim3 grid(unsigned((w.rows + kWarps - 1) / kWarps), unsigned(n_tokens));
     dispatch_int_type(w.type, w.block_stride, [&](auto tag) {
         using Tag = decltype(tag);
         launch(mmvq_experts_combine_kernel<Tag::type, Tag::wide>, grid, kWarps * 32, 0, s, experts, w, a, ids, weights,
-               k, out, out_stride);
+               k, out, out_stride, add);
     });
 }
 
@@ -335,14 +349,18 @@ void mmvq_parts(const MatmulPart* parts, int n_parts, const DevAct& a, int n, cu
     Parts p{};
     p.first_cta[0] = 0;
     for (int i = 0; i < n_parts; ++i) {
-        if (parts[i].w.rows < 1 || !mmvq_parts_compatible(parts[i].w, parts[0].w)) return;
+        if (parts[i].w.rows < 1 || !mmvq_parts_compatible(parts[i].w, parts[0].w) || parts[i].add != parts[0].add)
+            return;
         p.p[i] = parts[i];
         p.first_cta[i + 1] = p.first_cta[i] + unsigned((parts[i].w.rows + kWarps - 1) / kWarps);
     }
     p.n = n_parts;
     dispatch_int_type(parts[0].w.type, parts[0].w.block_stride, [&](auto tag) {
         using Tag = decltype(tag);
-        launch_for<Tag::type, Tag::wide>(p, a, n, s);
+        if (parts[0].add)
+            launch_for<Tag::type, Tag::wide, true>(p, a, n, s);
+        else
+            launch_for<Tag::type, Tag::wide, false>(p, a, n, s);
     });
 }
 
