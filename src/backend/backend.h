@@ -158,8 +158,9 @@ public:
         for (const MatmulTarget& t : targets) matmul(*t.w, x, t.y, t.bias);
     }
     // y += x W^T: a block's last product added to the residual stream. The
-    // bits of matmul into `scratch` (y's shape, left undefined) then add,
-    // which is what this default does; a backend may add as it writes.
+    // bits of matmul into `scratch` (y's shape, distinct from x and y; left
+    // undefined) then add, which is what this default does; a backend may
+    // add as it writes.
     virtual void matmul_add(const Weight& w, Tensor x, Tensor y, Tensor scratch) {
         matmul(w, x, scratch);
         add(y, scratch);
@@ -252,7 +253,9 @@ public:
         combine_experts(y, out);
     }
     // out += that combine: the bits of matmul_experts_combine into `scratch`
-    // (out's shape, left undefined) then add, which is what this default does.
+    // (out's shape, distinct from x, y and out; left undefined) then add,
+    // which is what this default does; a backend may add as it writes,
+    // leaving y unwritten.
     virtual void matmul_experts_combine_add(const std::vector<Weight>& experts, Tensor x, Tensor y, Tensor out,
                                             Tensor scratch) {
         matmul_experts_combine(experts, x, y, scratch);

@@ -1,7 +1,7 @@
 // The blocks every family's layer is built from: attention over the KV cache,
 // the gated feed-forward network and the mixture of experts, each a few
-// backend calls. Norms and
-// residual adds are single backend calls the family file makes itself.
+// backend calls. Norms are single backend calls the family file makes itself;
+// a block either writes its result or adds it to the residual stream.
 #pragma once
 
 #include "backend/backend.h"
@@ -17,7 +17,7 @@ struct LayerPass {
     backend::RopeParams rope;  // hp.rope with the model's frequency factors, if any
     bool shard;                // a tensor-parallel shard: row-parallel outputs are summed over ranks
     backend::Tensor x;         // the residual stream
-    backend::Tensor h;         // a block's input and output
+    backend::Tensor h;         // a block's input (a norm's output), and its output or scratch
     backend::Tensor q, k, v, att, gate, up;  // gate and up: room for n_expert_used rows per token
     backend::Tensor router;                  // a mixture of experts' router logits, per token
     backend::Tensor experts_out;             // and its experts' outputs, n_expert_used rows per token
@@ -25,8 +25,8 @@ struct LayerPass {
 
 // How a block leaves its result in `out`: written (in and out may then be
 // the same tensor), or added to it, the residual stream (in is then the
-// block's scratch after its first product, and must not be out). Added, the
-// bits are those of writing the result to in and adding in to out.
+// block's scratch after its last read of it, and must not be out). Added,
+// the bits are those of writing the result to in and adding in to out.
 enum class BlockOut { Write, Add };
 
 // out = (or +=) Wo · attention(rope(Wq·in), rope(Wk·in), Wv·in) for layer il,

@@ -496,9 +496,11 @@ TEST_F(CudaModel, LeaveOutSwitchNamesWhatItDoesNotKnowAndLeavesOutWhatItNames) {
 
 // The blocks' last products added to the residual stream as they are
 // written (matmul_add, matmul_experts_combine_add at decode) give the bits of
-// the product then add: a prefill and greedy decode with TERN_CUDA_MATMUL_ADD
-// on and off agree bit for bit, on K-quant, legacy and float files, dense
-// and mixtures of experts.
+// the product then add: with TERN_CUDA_MATMUL_ADD on and off, a prefill and
+// greedy decode of one sequence, then three sequences prefilled and decoded
+// together (steps of three tokens: mmvq's joined path for the legacy types,
+// the product then add on mmq_batch for the K-quants), agree bit for bit, on
+// K-quant and legacy files, dense and mixtures of experts.
 TEST_F(CudaModel, ProductsAddedAsWrittenGiveTheBitsOfTheAddApart) {
     struct Restore {  // the variable as it was, whatever happens below
         const char* was = std::getenv("TERN_CUDA_MATMUL_ADD");
@@ -512,9 +514,10 @@ TEST_F(CudaModel, ProductsAddedAsWrittenGiveTheBitsOfTheAddApart) {
     } restore;
     const Case cases[] = {{"tiny", quant::FileType::Q4_K_M, kQuantTol},
                           {"tiny", quant::FileType::Q4_0, kQuantTol},
-                          {"tiny", quant::FileType::ALL_F32, kFloatTol},
+                          {"qwen2", quant::FileType::Q8_0, kQuantTol},
                           {"qwen3moe", quant::FileType::Q4_K_M, kQuantTol},
                           {"mixtral", quant::FileType::Q5_0, kQuantTol}};
+    constexpr int kTogether = 3, kTogetherSteps = 4;
     for (const Case& c : cases) {
         SCOPED_TRACE("seed " + std::to_string(run_seed()) + ", " + case_name(c));
         const SynthFile synth(c, run_seed() ^ uint64_t(c.ftype));
@@ -525,8 +528,10 @@ TEST_F(CudaModel, ProductsAddedAsWrittenGiveTheBitsOfTheAddApart) {
         size_t nv = 0;
         for (int joined : {1, 0}) {
             ASSERT_EQ(setenv("TERN_CUDA_MATMUL_ADD", joined ? "1" : "0", 1), 0);
+            auto be = cuda_backend();
+            ASSERT_TRUE(be);
             Runner r;
-            load(**file, cuda_backend(), kPrompt, 1, kPrompt + kDecode, r);
+            load(**file, std::move(be), kPrompt * kTogether, 1 + kTogether, kPrompt + kDecode, r);
             if (HasFatalFailure()) return;
             nv = size_t(r.m.hp.n_vocab);
             if (prompt.empty()) {
@@ -535,6 +540,22 @@ TEST_F(CudaModel, ProductsAddedAsWrittenGiveTheBitsOfTheAddApart) {
             }
             run_sequence(*r.fwd, 0, prompt, kDecode, follow, nv, rows[joined]);
             if (HasFatalFailure()) return;
+            // Three sequences (slots 1-3: the prompt from its i-th token on) in
+            // one prefill, then steps of a token each.
+            model::Batch together;
+            for (int s = 0; s < kTogether; ++s)
+                for (int i = s; i < kPrompt; ++i)
+                    together.add(prompt[size_t(i)], int32_t(i - s), 1 + s, i == kPrompt - 1);
+            model::Logits out;
+            ASSERT_TRUE(r.fwd->run(together, out).ok());
+            rows[joined].insert(rows[joined].end(), out.begin(), out.end());
+            for (int step = 0; step < kTogetherSteps; ++step) {
+                model::Batch b;
+                for (int s = 0; s < kTogether; ++s)
+                    b.add(follow[size_t(step + s)], int32_t(kPrompt - s + step), 1 + s, true);
+                ASSERT_TRUE(r.fwd->run(b, out).ok());
+                rows[joined].insert(rows[joined].end(), out.begin(), out.end());
+            }
         }
         EXPECT_EQ(first_differing_row(rows[1], rows[0], nv), -1)
             << "the products added as written and the adds apart differ from this position on";

@@ -693,6 +693,15 @@ TEST_P(CudaIntMatmul, AddedToYGivesTheBitsOfTheProductThenAdd) {
         sync_ok();
         check_output(dy.download(), n, rows, stride, want, case_name(c) + ", " + std::to_string(n) + " tokens");
     }
+    // Parts that add beside parts that write launch nothing.
+    DeviceBuffer<float> y0(size_t(n_max * stride)), y1(size_t(n_max * stride));
+    y0.poison();
+    y1.poison();
+    const cuda::MatmulPart mixed[2] = {{dw.view, y0.get(), stride, true}, {dw.view, y1.get(), stride, false}};
+    cuda::mmvq_parts(mixed, 2, dev_acts.view, int(n_max), nullptr);
+    sync_ok();
+    for (const DeviceBuffer<float>* b : {&y0, &y1})
+        for (float v : b->download()) ASSERT_EQ(bits_of(v), kPoisonBits) << "a mixed launch wrote";
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, CudaIntMatmul,

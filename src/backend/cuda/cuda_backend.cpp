@@ -486,11 +486,12 @@ public:
     void matmul_add(const Weight& w, Tensor x, Tensor y, Tensor scratch) override {
         auto& d = *static_cast<DeviceWeight*>(w.impl);
         if (Status s = ensure_on_device(w, d); !s.ok()) return note(s);
-        if (!joined_matmul_add_ || left_out(kLeaveAdd) || left_out(kLeaveMatmulInt) || !cuda::int_type(d.dev.type) ||
+        if (!joined_matmul_add_ || left_out(kLeaveAdd) || !cuda::int_type(d.dev.type) ||
             int_kernel(d.dev, x.rows) != IntKernel::mmvq)
             return Backend::matmul_add(w, x, y, scratch);
         if (replaying_) return;
         const cuda::DevAct a = quantized_for(d.dev, x);
+        if (left_out(kLeaveMatmulInt)) return;  // the product and its add are one kernel here
         const cuda::MatmulPart part{d.dev, y.data, y.cols, /*add=*/true};
         cuda::mmvq_parts(&part, 1, a, int(x.rows), stream_);
         launched("matmul_add");
@@ -741,8 +742,7 @@ public:
     // combine then add).
     void matmul_experts_combine_add(const std::vector<Weight>& experts, Tensor x, Tensor y, Tensor out,
                                     Tensor scratch) override {
-        if (!joined_matmul_add_ || left_out(kLeaveAdd) || left_out(kLeaveExpertsDown) ||
-            !combine_in_one_pass(experts, x))
+        if (!joined_matmul_add_ || left_out(kLeaveAdd) || !combine_in_one_pass(experts, x))
             return Backend::matmul_experts_combine_add(experts, x, y, out, scratch);
         experts_combine(experts, x, y, out, /*add=*/true);
     }
@@ -770,7 +770,7 @@ public:
         if (left_out(kLeaveExpertsDown)) return;
         cuda::mmvq_experts_combine(*table, w, a, route_ids_, route_w_, route_tokens_, route_k_,
                                    out.data, out.cols, stream_, add);
-        launched("matmul_experts_combine");
+        launched(add ? "matmul_experts_combine_add" : "matmul_experts_combine");
     }
 
     void all_reduce_sum(Tensor x) override {

@@ -230,16 +230,17 @@ __global__ void __launch_bounds__(kWarps * 32) mmvq_experts_kernel(const uint8_t
 // Token t = blockIdx.y: out row t = the combine of its k routed rows' products
 // with their experts' matrices (activation rows t * k + j), kCombineGroup rows a
 // round in one warp: the bits of mmvq_experts and combine_experts.
+// ADD: out row t += that instead (a template argument, as mmvq_kernel's).
 constexpr int kCombineGroup = 4;
-template <WType T, bool WIDE>
+template <WType T, bool WIDE, bool ADD>
 __global__ void __launch_bounds__(kWarps * 32)
     mmvq_experts_combine_kernel(const uint8_t* const* __restrict__ experts, DevWeight w, DevAct a,
                                 const int32_t* __restrict__ ids, const float* __restrict__ weights, int k,
-                                float* __restrict__ out, int64_t out_stride, bool add) {
+                                float* __restrict__ out, int64_t out_stride) {
     after_prior_grids();
     const int64_t t = blockIdx.y, row = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
     if (row >= w.rows) return;  // uniform per warp
-    const float prior = prior_of<1>(add, row, out + t * out_stride, out_stride);
+    const float prior = prior_of<1>(ADD, row, out + t * out_stride, out_stride);
     float sum = 0.0f;
     for (int j0 = 0; j0 < k; j0 += kCombineGroup) {
         const int here = min(kCombineGroup, k - j0);
@@ -259,7 +260,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         }
     }
     const float v[1] = {sum};
-    store_tokens<1>(v, row, out + t * out_stride, out_stride, add, prior);
+    store_tokens<1>(v, row, out + t * out_stride, out_stride, ADD, prior);
 }
 
 // Routed row p = blockIdx.y: silu(gate) * up of its expert's rows of both
@@ -330,8 +331,12 @@ void mmvq_experts_combine(const uint8_t* const* experts, const DevWeight& w, con
     const dim3 grid(unsigned((w.rows + kWarps - 1) / kWarps), unsigned(n_tokens));
     dispatch_int_type(w.type, w.block_stride, [&](auto tag) {
         using Tag = decltype(tag);
-        launch(mmvq_experts_combine_kernel<Tag::type, Tag::wide>, grid, kWarps * 32, 0, s, experts, w, a, ids, weights,
-               k, out, out_stride, add);
+        if (add)
+            launch(mmvq_experts_combine_kernel<Tag::type, Tag::wide, true>, grid, kWarps * 32, 0, s, experts, w, a, ids,
+                   weights, k, out, out_stride);
+        else
+            launch(mmvq_experts_combine_kernel<Tag::type, Tag::wide, false>, grid, kWarps * 32, 0, s, experts, w, a,
+                   ids, weights, k, out, out_stride);
     });
 }
 
