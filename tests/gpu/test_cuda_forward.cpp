@@ -229,6 +229,28 @@ std::unique_ptr<backend::Backend> cuda_backend() {
     return be.ok() ? std::move(*be) : nullptr;
 }
 
+// An environment variable as it was, set again (or unset) when this goes out
+// of scope, whatever happens in between: for tests of the backend's switches.
+class RestoreEnv {
+public:
+    explicit RestoreEnv(const char* name) : name_(name) {
+        if (const char* v = std::getenv(name)) was_set_ = true, value_ = v;
+    }
+    ~RestoreEnv() {
+        if (was_set_)
+            setenv(name_, value_.c_str(), 1);
+        else
+            unsetenv(name_);
+    }
+    RestoreEnv(const RestoreEnv&) = delete;
+    RestoreEnv& operator=(const RestoreEnv&) = delete;
+
+private:
+    const char* name_;
+    bool was_set_ = false;
+    std::string value_;
+};
+
 class CudaForward : public gpu_test::GpuTest, public ::testing::WithParamInterface<Case> {};
 class CudaModel : public gpu_test::GpuTest {};
 
@@ -439,16 +461,7 @@ TEST_F(CudaModel, KvCacheBeyondTheCardIsAClearError) {
 // leaves that kernel out (here the residual add: x keeps its values), and a
 // backend made without it runs it again.
 TEST_F(CudaModel, LeaveOutSwitchNamesWhatItDoesNotKnowAndLeavesOutWhatItNames) {
-    struct Restore {  // the variable as it was, whatever happens below
-        const char* was = std::getenv("TERN_CUDA_LEAVE_OUT");
-        std::string value = was ? was : "";
-        ~Restore() {
-            if (was)
-                setenv("TERN_CUDA_LEAVE_OUT", value.c_str(), 1);
-            else
-                unsetenv("TERN_CUDA_LEAVE_OUT");
-        }
-    } restore;
+    const RestoreEnv restore("TERN_CUDA_LEAVE_OUT");
     for (const char* bad : {"attention,bogus", "attention,,add"}) {
         ASSERT_EQ(setenv("TERN_CUDA_LEAVE_OUT", bad, 1), 0);
         auto refused = backend::make_cuda_backend(0);
@@ -502,16 +515,7 @@ TEST_F(CudaModel, LeaveOutSwitchNamesWhatItDoesNotKnowAndLeavesOutWhatItNames) {
 // the product then add on mmq_batch for the K-quants), agree bit for bit, on
 // K-quant and legacy files, dense and mixtures of experts.
 TEST_F(CudaModel, ProductsAddedAsWrittenGiveTheBitsOfTheAddApart) {
-    struct Restore {  // the variable as it was, whatever happens below
-        const char* was = std::getenv("TERN_CUDA_MATMUL_ADD");
-        std::string value = was ? was : "";
-        ~Restore() {
-            if (was)
-                setenv("TERN_CUDA_MATMUL_ADD", value.c_str(), 1);
-            else
-                unsetenv("TERN_CUDA_MATMUL_ADD");
-        }
-    } restore;
+    const RestoreEnv restore("TERN_CUDA_MATMUL_ADD");
     const Case cases[] = {{"tiny", quant::FileType::Q4_K_M, kQuantTol},
                           {"tiny", quant::FileType::Q4_0, kQuantTol},
                           {"qwen2", quant::FileType::Q8_0, kQuantTol},
