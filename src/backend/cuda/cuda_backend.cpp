@@ -753,9 +753,8 @@ public:
     }
 
     // mmvq_experts_combine into out (or added to it), after the checks of the
-    // two calls it stands for.
+    // two calls it stands for, y's included (it is not written).
     void experts_combine(const std::vector<Weight>& experts, Tensor x, Tensor y, Tensor out, bool add) {
-        // The checks of the two calls it stands for, y's included (it is not written).
         if (!fits_routing("matmul_experts_combine", x.rows, experts.size(), y.rows)) return;
         if (out.rows != route_tokens_ || out.cols != y.cols || out.cols != experts[0].rows)
             return note(Error{"matmul_experts_combine: an output of " + std::to_string(out.rows) + " x " +

@@ -12,6 +12,8 @@
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/row_ops.cuh"
 
+#include <type_traits>
+
 namespace tern::cuda {
 namespace {
 
@@ -284,6 +286,15 @@ __global__ void __launch_bounds__(kWarps * 32)
     store_tokens<1>(v, row, y + p * y_stride, y_stride);
 }
 
+// f(std::bool_constant<flag>{}): a run-time flag as a kernel's template argument.
+template <class F>
+void with_flag(bool flag, F&& f) {
+    if (flag)
+        f(std::true_type{});
+    else
+        f(std::false_type{});
+}
+
 template <WType T, bool WIDE, bool ADD>
 void launch_for(const Parts& parts, const DevAct& a, int n, cudaStream_t s) {
     const unsigned grid = parts.first_cta[parts.n];
@@ -331,12 +342,10 @@ void mmvq_experts_combine(const uint8_t* const* experts, const DevWeight& w, con
     const dim3 grid(unsigned((w.rows + kWarps - 1) / kWarps), unsigned(n_tokens));
     dispatch_int_type(w.type, w.block_stride, [&](auto tag) {
         using Tag = decltype(tag);
-        if (add)
-            launch(mmvq_experts_combine_kernel<Tag::type, Tag::wide, true>, grid, kWarps * 32, 0, s, experts, w, a, ids,
-                   weights, k, out, out_stride);
-        else
-            launch(mmvq_experts_combine_kernel<Tag::type, Tag::wide, false>, grid, kWarps * 32, 0, s, experts, w, a,
-                   ids, weights, k, out, out_stride);
+        with_flag(add, [&](auto on) {
+            launch(mmvq_experts_combine_kernel<Tag::type, Tag::wide, decltype(on)::value>, grid, kWarps * 32, 0, s,
+                   experts, w, a, ids, weights, k, out, out_stride);
+        });
     });
 }
 
@@ -362,10 +371,7 @@ void mmvq_parts(const MatmulPart* parts, int n_parts, const DevAct& a, int n, cu
     p.n = n_parts;
     dispatch_int_type(parts[0].w.type, parts[0].w.block_stride, [&](auto tag) {
         using Tag = decltype(tag);
-        if (parts[0].add)
-            launch_for<Tag::type, Tag::wide, true>(p, a, n, s);
-        else
-            launch_for<Tag::type, Tag::wide, false>(p, a, n, s);
+        with_flag(parts[0].add, [&](auto add) { launch_for<Tag::type, Tag::wide, decltype(add)::value>(p, a, n, s); });
     });
 }
 
