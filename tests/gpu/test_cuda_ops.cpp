@@ -631,10 +631,14 @@ TEST_F(CudaOps, AttentionMatchesCpu) {
         int n_heads, n_kv_heads, head_dim;
     };
     // GQA ratios 1, 3, 4, 2, 10 (two CTAs per KV head, the second part idle;
-    // one and two KV heads), 2, 4 (Gemma 3 270M's heads), 2. Head dims 128 under
-    // a window and 256 decode on the four-warp kernel.
-    const Config configs[] = {{8, 8, 64},  {9, 3, 128}, {32, 8, 128}, {12, 6, 96}, {10, 1, 64},
-                              {20, 2, 64}, {4, 2, 256}, {4, 1, 256}, {2, 1, 32}};
+    // one and two KV heads), 2, 4 (Gemma 3 270M's heads), 2, 8 (Qwen3-MoE's)
+    // and 16 (a decode warp's rows all live). Head dims 128 under a window
+    // and 256 decode on the four-warp kernel. Decode tokens alone run the
+    // four-warp tensor-core kernel (attention_mma_decode.cu) where a token's
+    // rows fit one warp, while the prefill batches' tiles run attention_mma.cu's:
+    // the same bits either way.
+    const Config configs[] = {{8, 8, 64},  {9, 3, 128}, {32, 8, 128}, {12, 6, 96},  {10, 1, 64},  {20, 2, 64},
+                              {4, 2, 256}, {4, 1, 256}, {2, 1, 32},  {16, 2, 128}, {32, 2, 128}};
     // Batches of (slot, pos): one decode token deep in the context; tokens of
     // several sequences on segment boundaries, plus one outside the cache (NaN
     // row); a prefill-like batch mixing two sequences and a decode token (tiles

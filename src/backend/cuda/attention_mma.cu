@@ -25,59 +25,21 @@
 // cache bytes never meet a multiply), and a chunk with no position for a row
 // leaves its state untouched bit for bit (correction 1, products 0). Sums over
 // a row's quad of lanes are butterflies, whose result is the same on every lane.
-#include <cuda_fp16.h>
-
 #include <cmath>
 
 #include "backend/cuda/attention_internal.cuh"
-#include "backend/cuda/cp_async.cuh"
+#include "backend/cuda/attention_mma.cuh"
 #include "backend/cuda/launch.cuh"
-#include "backend/cuda/ldmatrix.cuh"
-#include "backend/cuda/mma_f16.cuh"
 
 namespace tern::cuda::attn {
 namespace {
 
-constexpr int kChunk = 32;         // positions per step: four n8 tiles of S
-constexpr int kRowsPerWarp = 16;   // the m16 of the mma
 constexpr int kMaxWarps = kMmaMaxGroup / kRowsPerWarp;
 constexpr int kMaxTileTokens = 128;
-constexpr unsigned kAll = 0xffffffffu;
-
-struct Shape {
-    int n_heads = 0, n_kv_heads = 0, group = 0;
-    int tile_tokens = 0;  // tokens per CTA
-    int seg_len = 0;      // positions per segment (grid y)
-    float scale = 0.0f;
-};
-
-__device__ __forceinline__ unsigned half2_bits(__half2 h) { return *reinterpret_cast<unsigned*>(&h); }
-
-// (a, b) as two f16 pairs: hi = f16(a), f16(b) and lo = f16 of what hi missed.
-__device__ __forceinline__ void split_pair(float a, float b, unsigned& hi, unsigned& lo) {
-    const __half2 h = __floats2half2_rn(a, b);
-    const float2 back = __half22float2(h);
-    hi = half2_bits(h);
-    lo = half2_bits(__floats2half2_rn(__fsub_rn(a, back.x), __fsub_rn(b, back.y)));
-}
-
-// Starts copying rows c0..c0+n-1 (a chunk) of K or V (f16, global) into a
-// chunk tile of pitch P halves, 16 bytes per cp.async; rows n..kChunk-1
-// become zeros (a zero-byte source fills them). The caller commits and waits.
-template <int HD, int P>
-__device__ void stage_async(const SlotRows& rows, int c0, int n, uint16_t* tile) {
-    constexpr int per_row = HD / 8;  // 16-byte pieces
-    const uint16_t* chunk = rows.chunk(c0);
-    for (int i = int(threadIdx.x); i < kChunk * per_row; i += int(blockDim.x)) {
-        const int j = i / per_row, c = i % per_row;
-        const uint16_t* src = chunk + int64_t(j < n ? j : 0) * rows.stride + c * 8;
-        cp_async16(tile + j * P + c * 8, src, j < n ? 16 : 0);
-    }
-}
 
 template <int HD, bool kSplit>
 __global__ void __launch_bounds__(kMaxWarps * 32)
-    attention_mma_kernel(KvLayer kv, const float* __restrict__ q, Shape sh, int64_t n_tokens,
+    attention_mma_kernel(KvLayer kv, const float* __restrict__ q, MmaShape sh, int64_t n_tokens,
                          const int32_t* slot, const int32_t* pos, float* out, Partials part,
                          const int32_t* __restrict__ tile_start, int64_t n_tiles) {
     after_prior_grids();
@@ -163,24 +125,13 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
         if (furthest <= begin) return;
     }
 
-    // q as hi/lo f16 A fragments: a[0] row g, a[1] row g + 8, dims 16k + 2tig
-    // (+1); a[2], a[3] the same rows, dims + 8. A split CTA (one segment of
-    // one token) loads them once its first chunk is under way, so the two
+    // q as hi/lo f16 A fragments (load_q). A split CTA (one segment of one
+    // token) loads them once its first chunk is under way, so the two
     // latencies overlap; in the direct kernels that order cost pp512 at depth
     // 4096 0.8%, so they load q first.
     unsigned qa_hi[KS][4], qa_lo[KS][4];
-    auto load_q = [&]() {
-#pragma unroll
-        for (int k = 0; k < KS; ++k)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int h = i & 1, dim = 16 * k + 2 * tig + 8 * (i >> 1);
-                float2 x = make_float2(0.0f, 0.0f);
-                if (cached[h]) x = *reinterpret_cast<const float2*>(q + out_row[h] * HD + dim);
-                split_pair(x.x, x.y, qa_hi[k][i], qa_lo[k][i]);
-            }
-    };
-    if constexpr (!split) load_q();
+    auto load_q_fragments = [&]() { load_q<HD>(q, cached, out_row, tig, qa_hi, qa_lo); };
+    if constexpr (!split) load_q_fragments();
 
     float acc[NT][4];
 #pragma unroll
@@ -197,25 +148,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
 #pragma unroll
             for (int c = 0; c < 4; ++c) tot_acc(j, c) = 0.0f;
     }
-    auto merge_segment = [&]() {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            if (m[h] != -INFINITY) {
-                const MergeWeights w = merge_weights(tot_m[h], m[h]);
-                tot_l[h] = merge_value(tot_l[h], l[h], w);
-#pragma unroll
-                for (int j = 0; j < NT; ++j) {
-                    tot_acc(j, 2 * h) = merge_value(tot_acc(j, 2 * h), acc[j][2 * h], w);
-                    tot_acc(j, 2 * h + 1) = merge_value(tot_acc(j, 2 * h + 1), acc[j][2 * h + 1], w);
-                }
-                tot_m[h] = w.m;
-            }
-            m[h] = -INFINITY;
-            l[h] = 0.0f;
-#pragma unroll
-            for (int j = 0; j < NT; ++j) acc[j][2 * h] = acc[j][2 * h + 1] = 0.0f;
-        }
-    };
+    auto merge_segment = [&]() { attn::merge_segment<NT>(m, l, acc, tot_m, tot_l, tot_acc); };
 
     for (int ps = 0; ps < n_pass; ++ps) {
         const int s = pass_slot[ps];
@@ -236,14 +169,14 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
         // Chunk i computes from buffer i % 2 while chunk i + 1 loads into the other.
         auto issue = [&](int c0) {
             const int buf = ((c0 - begin) / kChunk) & 1, n = min(kChunk, stage_end - c0);
-            stage_async<HD, P>(k_rows, c0, n, k_tile[buf]);
-            stage_async<HD, P>(v_rows, c0, n, v_tile[buf]);
+            stage_async<HD, P>(k_rows, c0, n, k_tile[buf], int(threadIdx.x), int(blockDim.x));
+            stage_async<HD, P>(v_rows, c0, n, v_tile[buf], int(threadIdx.x), int(blockDim.x));
             cp_async_commit();
         };
         __syncthreads();  // the previous pass's warps are done with both buffers
         if (begin < stage_end) issue(begin);
         if constexpr (split) {
-            if (ps == 0) load_q();
+            if (ps == 0) load_q_fragments();
         }
         for (int c0 = begin; c0 < stage_end; c0 += kChunk) {
             const int buf = ((c0 - begin) / kChunk) & 1;
@@ -262,23 +195,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
             const uint16_t* k_chunk = k_tile[buf];
             const uint16_t* v_chunk = v_tile[buf];
 
-            // S = q K^T: n8 tile i holds positions 8i..8i+7; for each k step the hi term, then the lo.
             float sc[4][4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.0f;
-#pragma unroll
-                for (int k = 0; k < KS; k += 2) {
-                    unsigned b[4];
-                    ldmatrix_x4(b, k_chunk + (8 * i + (lane & 7)) * P + 16 * k + 8 * (lane >> 3));
-                    mma_f16(sc[i], qa_hi[k], b[0], b[1]);
-                    mma_f16(sc[i], qa_lo[k], b[0], b[1]);
-                    mma_f16(sc[i], qa_hi[k + 1], b[2], b[3]);
-                    mma_f16(sc[i], qa_lo[k + 1], b[2], b[3]);
-                }
-            }
-
-            // Online softmax per row; p[h][2i + e] is position c0 + 8i + 2tig + e of row g + 8h.
+            chunk_scores<HD, P>(qa_hi, qa_lo, k_chunk, lane, sc);
             float p[2][8];
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
@@ -287,62 +205,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
                     for (int i = 0; i < 8; ++i) p[1][i] = 0.0f;
                     continue;
                 }
-                float mx = -INFINITY;
-#pragma unroll
-                for (int i = 0; i < 4; ++i)
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        const bool valid = c0 + 8 * i + 2 * tig + e < end[h];
-                        const float score = valid ? __fmul_rn(sc[i][2 * h + e], sh.scale) : -INFINITY;
-                        p[h][2 * i + e] = score;
-                        mx = fmaxf(mx, score);
-                    }
-                mx = fmaxf(mx, __shfl_xor_sync(kAll, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(kAll, mx, 2));
-                const float m_new = fmaxf(m[h], mx);
-                // No position yet (m_new = -inf): nothing to correct or weigh.
-                const float correction = m_new == -INFINITY ? 1.0f : expf(__fsub_rn(m[h], m_new));
-                float sum = 0.0f;
-#pragma unroll
-                for (int i = 0; i < 8; ++i) {
-                    const float w = p[h][i] == -INFINITY ? 0.0f : expf(__fsub_rn(p[h][i], m_new));
-                    p[h][i] = w;
-                    sum = i == 0 ? w : __fadd_rn(sum, w);
-                }
-                sum = __fadd_rn(sum, __shfl_xor_sync(kAll, sum, 1));
-                sum = __fadd_rn(sum, __shfl_xor_sync(kAll, sum, 2));
-                l[h] = __fadd_rn(__fmul_rn(l[h], correction), sum);
-                m[h] = m_new;
-#pragma unroll
-                for (int j = 0; j < NT; ++j) {
-                    acc[j][2 * h] = __fmul_rn(acc[j][2 * h], correction);
-                    acc[j][2 * h + 1] = __fmul_rn(acc[j][2 * h + 1], correction);
-                }
+                correct_rows(acc, h, fold_row(sc, h, c0, tig, end[h], sh.scale, m[h], l[h], p[h]));
             }
-
-            // acc += P V over the chunk's two k16 steps; the S tiles 2k, 2k + 1 are the A fragment.
-#pragma unroll
-            for (int k = 0; k < 2; ++k) {
-                unsigned pa_hi[4], pa_lo[4];
-                split_pair(p[0][4 * k], p[0][4 * k + 1], pa_hi[0], pa_lo[0]);
-                split_pair(p[0][4 * k + 2], p[0][4 * k + 3], pa_hi[2], pa_lo[2]);
-                if (upper_live) {
-                    split_pair(p[1][4 * k], p[1][4 * k + 1], pa_hi[1], pa_lo[1]);
-                    split_pair(p[1][4 * k + 2], p[1][4 * k + 3], pa_hi[3], pa_lo[3]);
-                } else {  // what splitting the zero probabilities gives
-                    pa_hi[1] = pa_lo[1] = pa_hi[3] = pa_lo[3] = 0u;
-                }
-#pragma unroll
-                for (int j = 0; j < NT; j += 2) {
-                    unsigned b[4];
-                    ldmatrix_x4<true>(b, v_chunk + (16 * k + (lane & 7) + 8 * ((lane >> 3) & 1)) * P + 8 * j +
-                                             8 * (lane >> 4));
-                    mma_f16(acc[j], pa_hi, b[0], b[1]);
-                    mma_f16(acc[j], pa_lo, b[0], b[1]);
-                    mma_f16(acc[j + 1], pa_hi, b[2], b[3]);
-                    mma_f16(acc[j + 1], pa_lo, b[2], b[3]);
-                }
-            }
+            add_pv<NT, P>(acc, p, upper_live, v_chunk, 0, lane);
         }
         if constexpr (!split) merge_segment();  // the pass's rows end here
     }
@@ -388,13 +253,17 @@ bool mma_takes(int group, int head_dim) {
 void attention_mma(const KvLayer& kv, const float* q, int64_t n_tokens, int n_heads, float scale,
                    const int32_t* slot, const int32_t* pos, float* out, Partials part, int seg_len,
                    int tile_tokens, const int32_t* tile_start, int64_t n_tiles, cudaStream_t stream) {
-    Shape sh;
+    MmaShape sh;
     sh.n_heads = n_heads;
     sh.n_kv_heads = kv.n_kv_heads;
     sh.group = n_heads / kv.n_kv_heads;
     sh.tile_tokens = tile_tokens;
     sh.seg_len = seg_len;
     sh.scale = scale;
+    if (mma_decode_takes(sh.group, tile_tokens, tile_start)) {
+        attention_mma_decode(kv, q, n_tokens, sh, slot, pos, out, part, stream);
+        return;
+    }
     const int rows = tile_tokens * sh.group;  // the caller keeps this <= kMmaMaxGroup
     const unsigned threads = unsigned((rows + kRowsPerWarp - 1) / kRowsPerWarp * 32);
     const int64_t tiles = tile_start ? n_tiles : (n_tokens + tile_tokens - 1) / tile_tokens;
