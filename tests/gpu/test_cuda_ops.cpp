@@ -623,6 +623,29 @@ TEST_F(CudaOps, AttentionSupportedShapes) {
     EXPECT_FALSE(cuda::attention_supported(8, 0, 64));
 }
 
+TEST_F(CudaOps, AttentionFewUnitsCountsTokensTimesHeadsTimesSegments) {
+    int dev = 0, sms = 0;
+    CUDA_OK(cudaGetDevice(&dev));
+    CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    constexpr int kCtx = 1536;  // segments of 128
+    ASSERT_EQ(cuda::attention_segment_length(kCtx), 128);
+    // A unit a token at position 0 with one KV head: as many as the SMs are few.
+    std::vector<int32_t> pos(size_t(sms) + 1, 0);
+    EXPECT_TRUE(cuda::attention_few_units(pos.data(), sms, 1, kCtx));
+    EXPECT_FALSE(cuda::attention_few_units(pos.data(), sms + 1, 1, kCtx));
+    // Position 128k - 1 is k segments; position 128k starts segment k + 1.
+    const int heads = (sms + 11) / 12;  // 12 segments of heads units: at least the SMs
+    const int32_t last = kCtx - 1;
+    EXPECT_EQ(cuda::attention_few_units(&last, 1, heads, kCtx), 12 * heads <= sms);
+    const int32_t one_segment[] = {127};
+    EXPECT_TRUE(cuda::attention_few_units(one_segment, 1, sms, kCtx));
+    const int32_t two_segments[] = {128};
+    EXPECT_FALSE(cuda::attention_few_units(two_segments, 1, sms, kCtx));
+    // A position outside the cache (its row is NaN) counts one unit a head.
+    const int32_t outside[] = {kCtx, -1};
+    EXPECT_TRUE(cuda::attention_few_units(outside, 2, sms / 2, kCtx));
+}
+
 TEST_F(CudaOps, AttentionMatchesCpu) {
     SCOPED_TRACE(seed_text());
     constexpr int kSlots = 3, kCtx = 1536;  // 12 segments
@@ -633,10 +656,10 @@ TEST_F(CudaOps, AttentionMatchesCpu) {
     // GQA ratios 1, 3, 4, 2, 10 (two CTAs per KV head, the second part idle;
     // one and two KV heads), 2, 4 (Gemma 3 270M's heads), 2, 8 (Qwen3-MoE's)
     // and 16 (a decode warp's rows all live). Head dims 128 under a window
-    // and 256 decode on the four-warp kernel. Decode tokens alone run the
-    // four-warp tensor-core kernel (attention_mma_decode.cu) where a token's
-    // rows fit one warp, while the prefill batches' tiles run attention_mma.cu's:
-    // the same bits either way.
+    // and 256 decode on the four-warp kernel. Launches told of few units of
+    // work run the four-warp tensor-core kernel (attention_mma_decode.cu) for
+    // tokens whose rows fit one warp, while the prefill batches' tiles run
+    // attention_mma.cu's: the same bits either way.
     const Config configs[] = {{8, 8, 64},  {9, 3, 128}, {32, 8, 128}, {12, 6, 96},  {10, 1, 64},  {20, 2, 64},
                               {4, 2, 256}, {4, 1, 256}, {2, 1, 32},  {16, 2, 128}, {32, 2, 128}};
     // Batches of (slot, pos): one decode token deep in the context; tokens of
@@ -723,14 +746,16 @@ TEST_F(CudaOps, AttentionMatchesCpu) {
 
             // Tokens [first, first + n) of the batch. Workspace null forces the
             // direct path; with it, the kind and the size pick split or direct.
+            // few: as attention_few_units would say of a small batch (four-warp
+            // decode CTAs where a token's rows fit one warp).
             auto run = [&](int64_t first, int64_t n, bool allow_split, cuda::AttnBatch kind,
-                           std::vector<float>& result, cuda::AttnTiles tiles = {}) {
+                           std::vector<float>& result, cuda::AttnTiles tiles = {}, bool few = false) {
                 DeviceBuffer<float> dout(size_t(n) * row + kGuard);
                 dout.poison();
                 workspace.poison();
                 cuda::attention(layer, dq.get() + first * int64_t(row), n, c.n_heads, scale, window, dslot.get() + first,
                                 dpos.get() + first, dout.get(), allow_split ? workspace.get() : nullptr, kind, nullptr,
-                                tiles);
+                                tiles, few);
                 ASSERT_NO_FATAL_FAILURE(sync_ok());
                 result = dout.download();
                 for (size_t i = size_t(n) * row; i < result.size(); ++i)
@@ -751,12 +776,15 @@ TEST_F(CudaOps, AttentionMatchesCpu) {
                         << " element " << (offset + i) % row;
             };
             for (const bool allow_split : {true, false})
-                for (const cuda::AttnBatch kind : {cuda::AttnBatch::Prefill, cuda::AttnBatch::Decode}) {
-                    std::vector<float> other;
-                    ASSERT_NO_FATAL_FAILURE(run(0, n_tokens, allow_split, kind, other));
-                    ASSERT_NO_FATAL_FAILURE(same_bits(other, 0, std::string(allow_split ? "workspace" : "no workspace") +
-                                                                    (kind == cuda::AttnBatch::Decode ? ", decode" : ", prefill")));
-                }
+                for (const cuda::AttnBatch kind : {cuda::AttnBatch::Prefill, cuda::AttnBatch::Decode})
+                    for (const bool few : {false, true}) {
+                        std::vector<float> other;
+                        ASSERT_NO_FATAL_FAILURE(run(0, n_tokens, allow_split, kind, other, {}, few));
+                        ASSERT_NO_FATAL_FAILURE(same_bits(
+                            other, 0, std::string(allow_split ? "workspace" : "no workspace") +
+                                          (kind == cuda::AttnBatch::Decode ? ", decode" : ", prefill") +
+                                          (few ? ", few units" : "")));
+                    }
             // Tiles by runs of one slot (what the backend passes): the same bits.
             for (const bool allow_split : {true, false}) {
                 const int tile_tokens = cuda::attention_tile_tokens(c.n_heads, c.n_kv_heads, c.head_dim, kCtx, window,
@@ -804,11 +832,12 @@ TEST_F(CudaOps, AttentionMatchesCpu) {
                 other.resize(cut);
                 ASSERT_NO_FATAL_FAILURE(same_bits(other, 0, "tiles by runs, the last left out"));
             }
-            for (int64_t t = 0; t < n_tokens; ++t) {
-                std::vector<float> alone;
-                ASSERT_NO_FATAL_FAILURE(run(t, 1, true, cuda::AttnBatch::Decode, alone));
-                ASSERT_NO_FATAL_FAILURE(same_bits(alone, size_t(t) * row, "alone"));
-            }
+            for (int64_t t = 0; t < n_tokens; ++t)
+                for (const bool few : {false, true}) {
+                    std::vector<float> alone;
+                    ASSERT_NO_FATAL_FAILURE(run(t, 1, true, cuda::AttnBatch::Decode, alone, {}, few));
+                    ASSERT_NO_FATAL_FAILURE(same_bits(alone, size_t(t) * row, few ? "alone, few units" : "alone"));
+                }
 
             std::vector<float> want(size_t(n_tokens) * row, 0.0f);
 #pragma omp parallel for schedule(dynamic, 1)

@@ -875,13 +875,13 @@ int mma_tile_tokens(int group, int64_t n_tokens, bool split, AttnBatch kind) {
 // then hold several sequences, each its own pass).
 void launch_mma(const KvLayer& kv, const float* q, int64_t n_tokens, int n_heads, float scale, const int32_t* slot,
                 const int32_t* pos, float* out, float* workspace, bool split, AttnBatch kind, AttnTiles tiles,
-                cudaStream_t stream) {
+                bool few_units, cudaStream_t stream) {
     const int tile_tokens = mma_tile_tokens(n_heads / kv.n_kv_heads, n_tokens, split, kind);
     const bool table = tile_tokens > 1 && tiles.starts && tiles.tile_tokens == tile_tokens;
     const Partials part = split ? split_partials(workspace, n_tokens, n_heads, kv) : Partials{};
     const int seg = segment_length(kv.n_ctx);
     attn::attention_mma(kv, q, n_tokens, n_heads, scale, slot, pos, out, part, seg, tile_tokens,
-                        table ? tiles.starts : nullptr, table ? tiles.count : 0, stream);
+                        table ? tiles.starts : nullptr, table ? tiles.count : 0, few_units, stream);
     if (split) combine(kv, n_tokens, n_heads, slot, pos, part, seg, /*window=*/0, out, stream);
 }
 
@@ -893,6 +893,15 @@ bool attention_supported(int n_heads, int n_kv_heads, int head_dim) {
 }
 
 int attention_segment_length(int n_ctx) { return segment_length(n_ctx); }
+
+bool attention_few_units(const int32_t* pos, int64_t n_tokens, int n_kv_heads, int n_ctx) {
+    const int64_t sms = current_sm_count();
+    const int seg = segment_length(n_ctx);
+    int64_t units = 0;
+    for (int64_t t = 0; t < n_tokens && units <= sms; ++t)
+        units += int64_t(n_kv_heads) * (pos[t] >= 0 && pos[t] < n_ctx ? pos[t] / seg + 1 : 1);
+    return units <= sms;
+}
 
 bool attention_splits(int64_t n_tokens, int n_heads, int head_dim, int n_ctx, AttnBatch kind) {
     return n_tokens >= 1 && n_tokens <= max_split_tokens(n_heads, head_dim, n_ctx, kind);
@@ -936,7 +945,7 @@ int64_t attention_tiles(const int32_t* slot, int64_t n_tokens, int tile_tokens, 
 
 void attention(const KvLayer& kv, const float* q, int64_t n_tokens, int n_heads, float scale, int window,
                const int32_t* slot, const int32_t* pos, float* out, float* workspace, AttnBatch kind,
-               cudaStream_t stream, AttnTiles tiles) {
+               cudaStream_t stream, AttnTiles tiles, bool few_units) {
     if (n_tokens <= 0 || kv.n_ctx <= 0 || !attention_supported(n_heads, kv.n_kv_heads, kv.head_dim)) return;
     AttnShape sh;
     sh.n_heads = n_heads;
@@ -952,7 +961,7 @@ void attention(const KvLayer& kv, const float* q, int64_t n_tokens, int n_heads,
     // Sliding-window layers stay on the CUDA-core kernels, prefill and decode
     // alike (a layer's choice, never the batch's), which skip whole chunks before the window.
     if (takes_mma(sh.group, kv.head_dim, window, kv.n_ctx)) {
-        launch_mma(kv, q, n_tokens, n_heads, scale, slot, pos, out, workspace, split, kind, tiles, stream);
+        launch_mma(kv, q, n_tokens, n_heads, scale, slot, pos, out, workspace, split, kind, tiles, few_units, stream);
         return;
     }
     switch (kv.head_dim / kWarp) {

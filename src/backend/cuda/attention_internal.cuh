@@ -87,8 +87,10 @@ bool mma_takes(int group, int head_dim);
 // on the device, each tile at most tile_tokens) where it is set; seg_len
 // positions per segment. part.acc set: one segment per CTA (grid y), partials
 // written for the combine; else every segment in turn, merged in the kernel.
+// few_units: attention_few_units() of the batch (ops.h).
 void attention_mma(const KvLayer& kv, const float* q, int64_t n_tokens, int n_heads, float scale,
                    const int32_t* slot, const int32_t* pos, float* out, Partials part, int seg_len,
-                   int tile_tokens, const int32_t* tile_start, int64_t n_tiles, cudaStream_t stream);
+                   int tile_tokens, const int32_t* tile_start, int64_t n_tiles, bool few_units,
+                   cudaStream_t stream);
 
 }  // namespace tern::cuda::attn

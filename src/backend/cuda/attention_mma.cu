@@ -252,7 +252,8 @@ bool mma_takes(int group, int head_dim) {
 
 void attention_mma(const KvLayer& kv, const float* q, int64_t n_tokens, int n_heads, float scale,
                    const int32_t* slot, const int32_t* pos, float* out, Partials part, int seg_len,
-                   int tile_tokens, const int32_t* tile_start, int64_t n_tiles, cudaStream_t stream) {
+                   int tile_tokens, const int32_t* tile_start, int64_t n_tiles, bool few_units,
+                   cudaStream_t stream) {
     MmaShape sh;
     sh.n_heads = n_heads;
     sh.n_kv_heads = kv.n_kv_heads;
@@ -260,7 +261,7 @@ void attention_mma(const KvLayer& kv, const float* q, int64_t n_tokens, int n_he
     sh.tile_tokens = tile_tokens;
     sh.seg_len = seg_len;
     sh.scale = scale;
-    if (mma_decode_takes(sh.group, tile_tokens, tile_start)) {
+    if (few_units && mma_decode_takes(sh.group, tile_tokens, tile_start)) {
         attention_mma_decode(kv, q, n_tokens, sh, slot, pos, out, part, stream);
         return;
     }

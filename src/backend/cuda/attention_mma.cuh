@@ -198,7 +198,8 @@ __device__ __forceinline__ void merge_segment(float (&m)[2], float (&l)[2], floa
 
 // The decode kernel (attention_mma_decode.cu): whether it takes a launch of
 // attention_mma() (a token per CTA, its rows within one warp's sixteen, no
-// tile table), and that launch.
+// tile table) of a batch with few units of work (attention_few_units), and
+// that launch.
 bool mma_decode_takes(int group, int tile_tokens, const int32_t* tile_start);
 void attention_mma_decode(const KvLayer& kv, const float* q, int64_t n_tokens, const MmaShape& sh,
                           const int32_t* slot, const int32_t* pos, float* out, const Partials& part,

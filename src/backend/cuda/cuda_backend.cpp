@@ -377,6 +377,7 @@ public:
         attn_kind_ = cuda::AttnBatch::Decode;
         for (int64_t t = 1; t < n; ++t)
             if (layout.slot[size_t(t)] == layout.slot[size_t(t - 1)]) attn_kind_ = cuda::AttnBatch::Prefill;
+        attn_few_ = cuda::attention_few_units(layout.pos.data(), n, kv_shape_.n_kv_heads, kv_shape_.n_ctx);
         begin_step(n, layout.n_logits);
         if (replaying_) return;  // the graph copies the arrays
         check(cudaMemcpyAsync(pos_dev_, pos_host_, size_t(n) * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
@@ -552,7 +553,7 @@ public:
             tile_tokens > 0 && run_tiles_ ? step_tiles(q.rows, tile_tokens) : cuda::AttnTiles{};
         if (replaying_ || left_out(kLeaveAttention)) return;
         cuda::attention(kv, q.data, q.rows, n_heads, scale, window, slot_dev_, pos_dev_, out.data, attn_ws_,
-                        attn_kind_, stream_, tiles);
+                        attn_kind_, stream_, tiles, attn_few_);
         launched("attention");
     }
 
@@ -1074,7 +1075,7 @@ private:
     static constexpr int64_t kGraphMaxTokens = 64;
     void begin_step(int64_t n, int n_logits) {
         if (!graphs_enabled_ || n > kGraphMaxTokens || n_logits < 0) return;
-        const GraphKey key{n, n_logits, attn_kind_};
+        const GraphKey key{n, n_logits, attn_kind_, attn_few_};
         Graph& g = graphs_[key];
         if (g.exec) {
             replaying_ = true;
@@ -1184,11 +1185,12 @@ private:
     float* attn_ws_ = nullptr;
 
     cuda::AttnBatch attn_kind_ = cuda::AttnBatch::Prefill;  // of the current step
+    bool attn_few_ = false;  // cuda::attention_few_units of the current step
 
-    using GraphKey = std::tuple<int64_t, int, cuda::AttnBatch>;
+    using GraphKey = std::tuple<int64_t, int, cuda::AttnBatch, bool>;
     std::map<GraphKey, Graph> graphs_;
     bool capturing_ = false, replaying_ = false;
-    GraphKey replay_key_{0, 0, cuda::AttnBatch::Prefill};
+    GraphKey replay_key_{0, 0, cuda::AttnBatch::Prefill, false};
     Status error_;
 };
 

@@ -156,8 +156,17 @@ struct AttnTiles {
 // NaN row. kv.k and kv.v must be 16-byte aligned. tiles: this batch's
 // table for attention_tile_tokens() tokens a tile (where that is not 0), or
 // none: tiles of consecutive tokens whatever their slots.
+// few_units: attention_few_units() of the batch.
 void attention(const KvLayer& kv, const float* q, int64_t n_tokens, int n_heads, float scale, int window,
                const int32_t* slot, const int32_t* pos, float* out, float* workspace, AttnBatch kind,
-               cudaStream_t stream, AttnTiles tiles = {});
+               cudaStream_t stream, AttnTiles tiles = {}, bool few_units = false);
+
+// Whether a batch's attention is few units of work ((token, KV head,
+// segment) triples with positions, counted from the host's copy of the
+// positions): at most one per SM. Then a decode token's CTA takes four warps
+// (attention_mma_decode.cu), which shortens the chain where the GPU has room
+// to spare; with many, CTAs of one warp keep more of the cache's bytes in
+// flight (LOG g85). It picks the launch, never a bit.
+bool attention_few_units(const int32_t* pos, int64_t n_tokens, int n_kv_heads, int n_ctx);
 
 }  // namespace tern::cuda
