@@ -198,15 +198,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
             float sc[4][4];
             chunk_scores<HD, P>(qa_hi, qa_lo, k_chunk, lane, sc);
             float p[2][8];
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                if (h == 1 && !upper_live) {  // warp-uniform
-#pragma unroll
-                    for (int i = 0; i < 8; ++i) p[1][i] = 0.0f;
-                    continue;
-                }
-                correct_rows(acc, h, fold_row(sc, h, c0, tig, end[h], sh.scale, m[h], l[h], p[h]));
-            }
+            fold_rows(sc, c0, tig, end, sh.scale, upper_live, m, l, acc, p);
             add_pv<NT, P>(acc, p, upper_live, v_chunk, 0, lane);
         }
         if constexpr (!split) merge_segment();  // the pass's rows end here

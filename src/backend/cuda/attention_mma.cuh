@@ -140,6 +140,24 @@ __device__ __forceinline__ void correct_rows(float (&acc)[NT][4], int h, float c
     }
 }
 
+// Both of the lane's rows through fold_row, their accumulators (NT tiles)
+// corrected. upper_live false (warp-uniform): rows 8..15 are in no pass and
+// keep their state bit for bit; their probabilities are zeros.
+template <int NT>
+__device__ __forceinline__ void fold_rows(const float (&sc)[4][4], int c0, int tig, const int (&end)[2], float scale,
+                                          bool upper_live, float (&m)[2], float (&l)[2], float (&acc)[NT][4],
+                                          float (&p)[2][8]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        if (h == 1 && !upper_live) {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) p[1][i] = 0.0f;
+            continue;
+        }
+        correct_rows(acc, h, fold_row(sc, h, c0, tig, end[h], scale, m[h], l[h], p[h]));
+    }
+}
+
 // acc += P V over the chunk's two k16 steps, for the NT n8 tiles of the
 // head's dims from tile j0 (acc[j] is tile j0 + j); the S tiles 2k, 2k + 1 are
 // the A fragment. upper_live false: rows 8..15 weigh nothing (p[1] is zero).

@@ -178,15 +178,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) sc[i][e] = scores[(w * kScores + 4 * i + e) * 32 + lane];
             float p[2][8];
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                if (h == 1 && !upper_live) {  // CTA-uniform
-#pragma unroll
-                    for (int i = 0; i < 8; ++i) p[1][i] = 0.0f;
-                    continue;
-                }
-                correct_rows(acc, h, fold_row(sc, h, cw, tig, end[h], sh.scale, m[h], l[h], p[h]));
-            }
+            fold_rows(sc, cw, tig, end, sh.scale, upper_live, m, l, acc, p);
             if (pv) add_pv<NW, P>(acc, p, upper_live, v_tiles + w * kChunk * P, j0, lane);
         }
     }
