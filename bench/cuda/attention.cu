@@ -123,10 +123,12 @@ CaseResult run_case(const Heads& h, const Case& c, int64_t l2, uint64_t seed, cu
     const cuda::AttnBatch kind = c.n_tokens == 1 ? cuda::AttnBatch::Decode : cuda::AttnBatch::Prefill;
     res.split = workspace.size() > 0 && cuda::attention_splits(c.n_tokens, h.n_heads, kHeadDim, c.ctx, kind);
 
+    // The launch the backend picks for this batch (attention_few_units: four-warp decode CTAs where it is few units).
+    const bool few = cuda::attention_few_units(pos.data(), c.n_tokens, h.n_kv_heads, c.ctx);
     auto launch = [&](int slot, int s) {
         const int32_t* slot_of_tokens = dslots.get() + size_t(slot) * size_t(c.n_tokens);
         cuda::attention(layer, dq[s].get(), c.n_tokens, h.n_heads, scale, /*window=*/0, slot_of_tokens, dpos.get(), dout[s].get(),
-                        workspace.get(), kind, stream);
+                        workspace.get(), kind, stream, {}, few);
     };
 
     // Validation on the last KV copy: the first and last tokens, and a few

@@ -1,6 +1,8 @@
 // Attention on the tensor cores (mma.sync m16n8k16, f16 inputs, f32
 // accumulators), for head dims 32, 64, 96 and 128: prefill, decode and the
-// split-KV segments all run this one kernel, so a token gets the same bits
+// split-KV segments all run this kernel, or for a decode batch of few units
+// of work attention_mma_decode.cu's, which takes the same steps
+// (attention_mma.cuh) in the same order, so a token gets the same bits
 // whatever batch it comes in.
 //
 // Rows are (token, query head) pairs of one KV head: row r of a CTA is token

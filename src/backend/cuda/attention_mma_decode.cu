@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     const SlotRows k_rows = slot_rows(kv.k, kv, s, kvh);
     const SlotRows v_rows = slot_rows(kv.v, kv, s, kvh);
     if constexpr (kEarly) {
-        // The page of this warp's first chunk into L1 for the first issue (K and V share the table).
+        // The page-table entry of this warp's first chunk into L1 for the first issue (K and V share the table).
         const int mine = begin + warp * kChunk;
         if (mine < stop) asm volatile("prefetch.global.L1 [%0];" ::"l"(k_rows.pages + mine / k_rows.page_size));
         after_prior_grids();
