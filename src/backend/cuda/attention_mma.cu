@@ -91,10 +91,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
                 row_slot[h] = s;
                 row_end[h] = min(p + 1, seg_end);
             } else if (!split) {
-                // A NaN row makes the caller's bug visible; in split mode the combine writes it.
-#pragma unroll
-                for (int j = 0; j < NT; ++j)
-                    *reinterpret_cast<float2*>(out + out_row[h] * HD + 8 * j + 2 * tig) = make_float2(NAN, NAN);
+                store_nan_row<HD, NT>(out, out_row[h], tig);  // in split mode the combine writes it
             }
         }
     }
@@ -209,23 +206,10 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         if (!cached[h] || row_end[h] <= begin) continue;  // split: the combine does not read this segment
-        if (split) {
-            const int64_t r = out_row[h] * part.n_seg + blockIdx.y;
-#pragma unroll
-            for (int j = 0; j < NT; ++j)
-                *reinterpret_cast<float2*>(part.acc + r * HD + 8 * j + 2 * tig) =
-                    make_float2(acc[j][2 * h], acc[j][2 * h + 1]);
-            if (tig == 0) {
-                part.m[r] = m[h];
-                part.l[r] = l[h];
-            }
-        } else {
-            const float inv = tot_l[h] > 0.0f ? __fdiv_rn(1.0f, tot_l[h]) : 0.0f;
-#pragma unroll
-            for (int j = 0; j < NT; ++j)
-                *reinterpret_cast<float2*>(out + out_row[h] * HD + 8 * j + 2 * tig) =
-                    make_float2(__fmul_rn(tot_acc(j, 2 * h), inv), __fmul_rn(tot_acc(j, 2 * h + 1), inv));
-        }
+        if (split)
+            store_partial<HD>(part, out_row[h] * part.n_seg + blockIdx.y, h, acc, 0, tig, m[h], l[h], true);
+        else
+            store_output<HD, NT>(out, out_row[h], h, tot_acc, tot_l[h], 0, tig);
     }
 }
 

@@ -189,6 +189,41 @@ __device__ __forceinline__ void add_pv(float (&acc)[NT][4], const float (&p)[2][
     }
 }
 
+// The lane's elements of row `row` of out (q's row) as NaN, NT tiles: a
+// token outside the cache, so that the caller's bug shows.
+template <int HD, int NT>
+__device__ __forceinline__ void store_nan_row(float* out, int64_t row, int tig) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+        *reinterpret_cast<float2*>(out + row * HD + 8 * j + 2 * tig) = make_float2(NAN, NAN);
+}
+
+// Row g + 8h's split partial, at row r of the partials: tiles j0.. of acc,
+// and m and l where with_ml (one lane of the row's quad writes them).
+template <int HD, int NT>
+__device__ __forceinline__ void store_partial(Partials part, int64_t r, int h, const float (&acc)[NT][4], int j0,
+                                              int tig, float m, float l, bool with_ml) {
+    float2* const lane_acc = reinterpret_cast<float2*>(part.acc + r * HD + 8 * j0 + 2 * tig);
+#pragma unroll
+    for (int j = 0; j < NT; ++j) lane_acc[4 * j] = make_float2(acc[j][2 * h], acc[j][2 * h + 1]);
+    if (with_ml && tig == 0) {
+        part.m[r] = m;
+        part.l[r] = l;
+    }
+}
+
+// Row g + 8h's output, at row `row` of out: tiles j0.. of its merged
+// accumulator (tot(j, c), NT tiles) over its denominator.
+template <int HD, int NT, class Total>
+__device__ __forceinline__ void store_output(float* out, int64_t row, int h, Total&& tot, float tot_l, int j0,
+                                             int tig) {
+    const float inv = tot_l > 0.0f ? __fdiv_rn(1.0f, tot_l) : 0.0f;
+    float2* const lane_out = reinterpret_cast<float2*>(out + row * HD + 8 * j0 + 2 * tig);
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+        lane_out[4 * j] = make_float2(__fmul_rn(tot(j, 2 * h), inv), __fmul_rn(tot(j, 2 * h + 1), inv));
+}
+
 // Merges the lane's rows' finished segment (m, l, acc) into their totals
 // (tot_m, tot_l, tot(j, c) for element c of tile j) and starts the next
 // segment afresh (attention_internal.cuh). Rows with no position skip the merge.

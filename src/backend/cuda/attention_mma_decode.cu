@@ -84,14 +84,10 @@ __global__ void __launch_bounds__(kWarps * 32)
     // Every return below is CTA-uniform and comes before the first barrier.
     if (!in_cache(kv, s, last)) {
         if constexpr (kEarly) after_prior_grids();  // before writing out
-        if (!split && warp == 0) {
-            // A NaN row makes the caller's bug visible; in split mode the combine writes it.
+        if (!split && warp == 0) {  // in split mode the combine writes the NaN row
 #pragma unroll
             for (int h = 0; h < 2; ++h)
-                if (live[h])
-#pragma unroll
-                    for (int j = 0; j < NT; ++j)
-                        *reinterpret_cast<float2*>(out + out_row[h] * HD + 8 * j + 2 * tig) = make_float2(NAN, NAN);
+                if (live[h]) store_nan_row<HD, NT>(out, out_row[h], tig);
         }
         return;
     }
@@ -188,23 +184,10 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         if (!live[h]) continue;
-        if (split) {
-            const int64_t r = out_row[h] * part.n_seg + blockIdx.y;
-#pragma unroll
-            for (int j = 0; j < NW; ++j)
-                *reinterpret_cast<float2*>(part.acc + r * HD + 8 * (j0 + j) + 2 * tig) =
-                    make_float2(acc[j][2 * h], acc[j][2 * h + 1]);
-            if (warp == 0 && tig == 0) {
-                part.m[r] = m[h];
-                part.l[r] = l[h];
-            }
-        } else {
-            const float inv = tot_l[h] > 0.0f ? __fdiv_rn(1.0f, tot_l[h]) : 0.0f;
-#pragma unroll
-            for (int j = 0; j < NW; ++j)
-                *reinterpret_cast<float2*>(out + out_row[h] * HD + 8 * (j0 + j) + 2 * tig) =
-                    make_float2(__fmul_rn(tot[j][2 * h], inv), __fmul_rn(tot[j][2 * h + 1], inv));
-        }
+        if (split)
+            store_partial<HD>(part, out_row[h] * part.n_seg + blockIdx.y, h, acc, j0, tig, m[h], l[h], warp == 0);
+        else
+            store_output<HD, NW>(out, out_row[h], h, tot_acc, tot_l[h], j0, tig);
     }
 }
 
