@@ -208,13 +208,12 @@ void launch_decode(const KvLayer& kv, const float* q, int64_t n_tokens, const Mm
 template <int HD>
 void launch_decode(const KvLayer& kv, const float* q, int64_t n_tokens, const MmaShape& sh, const int32_t* slot,
                    const int32_t* pos, float* out, const Partials& part, cudaStream_t stream) {
-    const bool split = part.acc != nullptr, early = early_reads_on();
-    if (split)
-        early ? launch_decode<HD, true, true>(kv, q, n_tokens, sh, slot, pos, out, part, stream)
-              : launch_decode<HD, true, false>(kv, q, n_tokens, sh, slot, pos, out, part, stream);
-    else
-        early ? launch_decode<HD, false, true>(kv, q, n_tokens, sh, slot, pos, out, part, stream)
-              : launch_decode<HD, false, false>(kv, q, n_tokens, sh, slot, pos, out, part, stream);
+    with_flag(part.acc != nullptr, [&](auto split) {
+        with_flag(early_reads_on(), [&](auto early) {
+            launch_decode<HD, decltype(split)::value, decltype(early)::value>(kv, q, n_tokens, sh, slot, pos, out,
+                                                                               part, stream);
+        });
+    });
 }
 
 }  // namespace

@@ -32,6 +32,7 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <type_traits>
 #include <utility>
 
 namespace tern::cuda {
@@ -84,6 +85,15 @@ bool sm90_code_runs_here();
 // True where kernels are launched with PDL: sm90_code_runs_here(), unless the
 // environment sets TERN_CUDA_PDL=0.
 bool pdl_enabled();
+
+// f(std::bool_constant<flag>{}): a run-time flag as a kernel's template argument.
+template <class F>
+void with_flag(bool flag, F&& f) {
+    if (flag)
+        f(std::true_type{});
+    else
+        f(std::false_type{});
+}
 
 // A launch with (early) or without PDL; launch() and launch_in_order() below.
 template <typename... Params, typename... Args>

@@ -286,15 +286,6 @@ __global__ void __launch_bounds__(kWarps * 32)
     store_tokens<1>(v, row, y + p * y_stride, y_stride);
 }
 
-// f(std::bool_constant<flag>{}): a run-time flag as a kernel's template argument.
-template <class F>
-void with_flag(bool flag, F&& f) {
-    if (flag)
-        f(std::true_type{});
-    else
-        f(std::false_type{});
-}
-
 template <WType T, bool WIDE, bool ADD>
 void launch_for(const Parts& parts, const DevAct& a, int n, cudaStream_t s) {
     const unsigned grid = parts.first_cta[parts.n];
