@@ -14,6 +14,7 @@
 #include <utility>
 #include <system_error>
 
+#include "quant/simd_path.h"
 #include "tools/fail.h"
 #include "tools/progress.h"
 
@@ -255,7 +256,9 @@ void print_model_summary(const runtime::Engine& engine, const std::string& path)
     std::string backend = backend_display_name(engine);
     const size_t device_bytes = engine.device_bytes();
     const int gpu = engine.options().gpu, tp = engine.tp();
-    if (backend != "CPU")
+    if (backend == "CPU")
+        backend += std::string(" (") + quant::simd_path_name(quant::simd_path_best()) + " kernels)";
+    else
         backend += " (GPU " + (tp > 1 ? std::to_string(gpu) + "-" + std::to_string(gpu + tp - 1) : std::to_string(gpu)) +
                    ", " + format_bytes(device_bytes) + " of device memory)";
     if (tp > 1) backend += ", tensor parallel over " + std::to_string(tp) + " ranks";

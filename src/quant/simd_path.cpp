@@ -3,6 +3,10 @@
 // saving of the wider registers, supports its instructions.
 #include "quant/simd_path.h"
 
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
 #include "quant/dot_internal.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -84,11 +88,27 @@ const char* simd_path_name(SimdPath path) {
     return "unknown";
 }
 
+namespace {
+
+// TERN_CPU_SIMD=scalar|avx2 caps the paths this process may use, so that one
+// machine runs (and tests) what a CPU without AVX-512, or without AVX2, would.
+SimdPath simd_path_cap() {
+    const char* v = std::getenv("TERN_CPU_SIMD");
+    if (!v || !*v) return SimdPath::avx512;
+    for (SimdPath p : {SimdPath::scalar, SimdPath::avx2, SimdPath::avx512})
+        if (std::strcmp(v, simd_path_name(p)) == 0) return p;
+    std::fprintf(stderr, "tern: TERN_CPU_SIMD=%s is not one of scalar, avx2, avx512; ignored\n", v);
+    return SimdPath::avx512;
+}
+
+}  // namespace
+
 bool simd_path_available(SimdPath path) {
+    static const SimdPath cap = simd_path_cap();
     static const bool available[kSimdPathCount] = {
         true,
-        compiled(SimdPath::avx2) != nullptr && cpu_has(SimdPath::avx2),
-        compiled(SimdPath::avx512) != nullptr && cpu_has(SimdPath::avx512),
+        compiled(SimdPath::avx2) != nullptr && cpu_has(SimdPath::avx2) && cap >= SimdPath::avx2,
+        compiled(SimdPath::avx512) != nullptr && cpu_has(SimdPath::avx512) && cap >= SimdPath::avx512,
     };
     const int i = int(path);
     return i >= 0 && i < kSimdPathCount && available[i];

@@ -17,7 +17,9 @@ constexpr int kSimdPathCount = 3;
 // "scalar", "avx2", "avx512".
 const char* simd_path_name(SimdPath path);
 
-// Compiled into this binary and supported by this CPU (and its OS).
+// Compiled into this binary and supported by this CPU (and its OS), and not
+// above the cap the environment may set (TERN_CPU_SIMD=scalar|avx2: run as a
+// CPU without AVX-512, or without either, would).
 bool simd_path_available(SimdPath path);
 
 // The fastest available path; decided once per process.

@@ -138,7 +138,7 @@ def test_cpu_and_default_run_and_say_which_backend(model):
     args = ["run", "-m", model, "-t", 1, "-p", prompt, "-n", 6, "--temp", 0, "-v"]
     cpu = tern(*args, "--backend", "cpu")
     assert cpu.returncode == 0, cpu.stderr
-    assert re.search(r"^model: .*, backend CPU$", cpu.stderr, re.M), cpu.stderr
+    assert re.search(r"^model: .*, backend CPU \((scalar|avx2|avx512) kernels\)$", cpu.stderr, re.M), cpu.stderr
     assert re.search(r"eval time =\s+[\d.]+ ms /\s+6 tokens", cpu.stderr), cpu.stderr
     default = tern(*args)
     assert default.returncode == 0, default.stderr
@@ -151,6 +151,33 @@ def test_cpu_and_default_run_and_say_which_backend(model):
     cpu_gpu = tern(*args, "--backend", "cpu", "--gpu", 7)
     assert cpu_gpu.returncode == 0, cpu_gpu.stderr
     assert cpu_gpu.stdout == cpu.stdout
+
+
+def test_simd_cap_from_the_environment_keeps_the_text(model):
+    # TERN_CPU_SIMD caps the CPU kernels' path; every path gives the same
+    # bits, so greedy text is the same on each.
+    prompt = " ".join(RNG.choice(WORDS) for _ in range(RNG.randint(2, 6)))
+    args = ["run", "-m", model, "-t", 1, "-p", prompt, "-n", 8, "--temp", 0, "-v", "--backend", "cpu"]
+
+    def run_with(value):
+        env = dict(os.environ)
+        env.pop("TERN_CPU_SIMD", None)
+        if value is not None:
+            env["TERN_CPU_SIMD"] = value
+        r = tern(*args, env=env)
+        assert r.returncode == 0, r.stderr
+        path = re.search(r"backend CPU \((\w+) kernels\)", r.stderr)
+        assert path, r.stderr
+        return r, path.group(1)
+
+    best, best_path = run_with(None)
+    scalar, scalar_path = run_with("scalar")
+    assert scalar_path == "scalar" and scalar.stdout == best.stdout
+    capped, capped_path = run_with("avx2")
+    assert capped_path == ("scalar" if best_path == "scalar" else "avx2") and capped.stdout == best.stdout
+    unknown, unknown_path = run_with("sse9")
+    assert "TERN_CPU_SIMD=sse9 is not one of scalar, avx2, avx512; ignored" in unknown.stderr, unknown.stderr
+    assert unknown_path == best_path and unknown.stdout == best.stdout
 
 
 def test_cpu_backend_draws_no_load_progress_on_a_terminal(model):
@@ -240,7 +267,7 @@ def test_cpu_ranks_run_every_command(cmd, model, text_file):
         return
     r = tern(*args, "-v")
     assert r.returncode == 0, r.stderr
-    assert "backend CPU, tensor parallel over 2 ranks" in r.stderr, r.stderr
+    assert re.search(r"backend CPU \(\w+ kernels\), tensor parallel over 2 ranks", r.stderr), r.stderr
 
 
 @pytest.mark.parametrize("value, needle", [
