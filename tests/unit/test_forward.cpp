@@ -15,6 +15,9 @@
 #include <optional>
 #include <random>
 #include <span>
+#include <string>
+
+#include <unistd.h>
 
 #include "backend/backend.h"
 #include "backend/cpu/ops.h"
@@ -474,7 +477,9 @@ namespace {
 
 // A model file whose metadata names an architecture tern does not run.
 TEST(ModelLoad, UnknownArchitectureIsNamed) {
-    const std::string path = (std::filesystem::temp_directory_path() / "tern-unknown-arch.gguf").string();
+    const std::string path =
+        (std::filesystem::temp_directory_path() / ("tern-unknown-arch-" + std::to_string(::getpid()) + ".gguf"))
+            .string();
     gguf::Writer w;
     w.set_string("general.architecture", "gpt9000");
     ASSERT_TRUE(w.add_tensor("token_embd.weight", TensorType::F32, {8, 4}).ok());
