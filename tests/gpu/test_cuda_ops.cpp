@@ -641,9 +641,11 @@ TEST_F(CudaOps, AttentionFewUnitsCountsTokensTimesHeadsTimesSegments) {
     EXPECT_TRUE(cuda::attention_few_units(one_segment, 1, sms, kCtx));
     const int32_t two_segments[] = {128};
     EXPECT_FALSE(cuda::attention_few_units(two_segments, 1, sms, kCtx));
-    // A position outside the cache (its row is NaN) counts one unit a head.
+    // A position outside the cache (its row is NaN) counts one unit a head:
+    // neither none nor a segment's worth.
     const int32_t outside[] = {kCtx, -1};
     EXPECT_TRUE(cuda::attention_few_units(outside, 2, sms / 2, kCtx));
+    EXPECT_FALSE(cuda::attention_few_units(outside, 2, sms / 2 + 1, kCtx));
 }
 
 TEST_F(CudaOps, AttentionMatchesCpu) {

@@ -155,11 +155,11 @@ struct AttnTiles {
 // split or timing. A token whose slot or pos lies outside the cache gets a
 // NaN row. kv.k and kv.v must be 16-byte aligned. tiles: this batch's
 // table for attention_tile_tokens() tokens a tile (where that is not 0), or
-// none: tiles of consecutive tokens whatever their slots.
+// none ({}): tiles of consecutive tokens whatever their slots.
 // few_units: attention_few_units() of the batch.
 void attention(const KvLayer& kv, const float* q, int64_t n_tokens, int n_heads, float scale, int window,
                const int32_t* slot, const int32_t* pos, float* out, float* workspace, AttnBatch kind,
-               cudaStream_t stream, AttnTiles tiles = {}, bool few_units = false);
+               cudaStream_t stream, AttnTiles tiles, bool few_units);
 
 // Whether a batch's attention is few units of work ((token, KV head,
 // segment) triples with positions, counted from the host's copy of the
